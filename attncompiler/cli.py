@@ -1,0 +1,201 @@
+"""The ``attncompiler`` command: show generated CUDA, explain plans, run a variant on the GPU.
+
+    attncompiler show SPEC [--schedule v1|v2] [--arch sm_90]    print the generated CUDA
+    attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES]
+    attncompiler run  SPEC [--schedule ...] [--shape B,H,N]     compile, check against float64, time
+    attncompiler presets                                        list preset names
+
+SPEC is a preset name (``causal``, ``alibi``, ...) or ``path/to/file.py:NAME`` where NAME is an
+AttentionSpec or a function returning one.  Without a GPU, ``run`` plans, renders and compiles the
+kernel with nvcc for the given arch instead of running it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["main", "load_spec"]
+
+
+def load_spec(text: str, *, head_dim: int, dtype: str, num_heads: int = 4, seqlen: int = 1024):
+    """A preset name or ``file.py:NAME`` -> AttentionSpec."""
+    from .spec.presets import get_preset
+    from .spec.spec import AttentionSpec
+
+    if ":" in text and text.split(":", 1)[0].endswith(".py"):
+        path, name = text.split(":", 1)
+        p = Path(path)
+        if not p.is_file():
+            raise SystemExit(f"attncompiler: spec file not found: expected a file at {path}")
+        mod_spec = importlib.util.spec_from_file_location(p.stem, p)
+        assert mod_spec is not None and mod_spec.loader is not None
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+        if not hasattr(mod, name):
+            raise SystemExit(f"attncompiler: {path} has no {name!r}; expected an AttentionSpec or a function")
+        obj = getattr(mod, name)
+        spec = obj() if callable(obj) and not isinstance(obj, AttentionSpec) else obj
+        if not isinstance(spec, AttentionSpec):
+            raise SystemExit(f"attncompiler: {text}: expected an AttentionSpec, got {type(spec).__name__}")
+        return spec
+    return get_preset(text, head_dim=head_dim, dtype=dtype, num_heads=num_heads, seqlen=seqlen)
+
+
+def _target(arch: str | None):
+    from .plan.targets import detect_target, get_target
+
+    if arch:
+        return get_target(arch)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return detect_target()
+    except ImportError:
+        pass
+    return get_target("sm_90")
+
+
+def _kernel_source(args):
+    from .codegen.schedule import get_schedule
+    from .ir.build import build_ir
+    from .plan.planner import auto_schedule
+
+    spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads, seqlen=args.seqlen)
+    tgt = _target(args.arch)
+    name = auto_schedule(tgt) if args.schedule == "auto" else args.schedule
+    sched = get_schedule(name)
+    ir = build_ir(spec)
+    opts = {"sram_budget": args.sram_budget} if name == "v1" and getattr(args, "sram_budget", None) else {}
+    plan = sched.make_plan(ir, tgt, **opts)
+    return spec, ir, tgt, sched, sched.render(ir, plan, tgt)
+
+
+def _cmd_show(args) -> int:
+    _, _, _, _, ks = _kernel_source(args)
+    print(ks.source)
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from .ir.build import format_ir
+    from .plan.planner import candidates_v2, format_candidates, format_io_report, io_report
+
+    _, ir, tgt, _, ks = _kernel_source(args)
+    print(format_ir(ir))
+    print()
+    print(ks.plan.describe())
+    print()
+    N = args.seqlen
+    print(format_io_report(io_report(ks.plan, 16384 // N or 1, args.heads, N, N, causal=ir.mask_expr is not None)))
+    if args.all and ks.schedule == "v2":
+        print()
+        print(format_candidates(candidates_v2(ir, tgt)))
+    return 0
+
+
+def _cmd_presets(args) -> int:
+    from .spec.presets import PRESETS
+
+    for name in PRESETS:
+        print(name)
+    return 0
+
+
+def _cmd_run(args) -> int:
+    import torch
+
+    B, H, N = (int(x) for x in args.shape.split(","))
+    args.heads, args.seqlen = H, N  # presets sized per head / per token follow the shape
+    spec, ir, tgt, sched, ks = _kernel_source(args)
+    print(ks.plan.describe())
+    if not torch.cuda.is_available():
+        from .runtime.compiler import CompileError, compile_with_nvcc
+
+        print(f"\nno CUDA device: rendered {len(ks.source.splitlines())} lines of CUDA "
+              f"(`attncompiler show {args.spec}` prints them); compiling offline with nvcc for {ks.arch} ...")
+        try:
+            rep = compile_with_nvcc(ks.source, ks.arch)
+        except CompileError as e:
+            print(e)
+            return 1
+        print(f"nvcc {ks.arch}: {rep.registers} registers, {rep.spill_stores} B spill stores, "
+              f"{rep.spill_loads} B spill loads, {rep.stack_bytes} B stack, {rep.seconds:.2f} s")
+        return 0
+    from .api import compile as ac_compile
+    from .reference import eager_attention, error_ratio_check, reference_attention
+
+    t0 = time.perf_counter()
+    kern = ac_compile(spec, args.schedule)
+    t_compile = time.perf_counter() - t0
+    dt = torch.bfloat16 if ir.dtype == "bf16" else torch.float16
+    q = torch.randn(B, H, N, ir.head_dim, device="cuda", dtype=dt)
+    k = torch.randn(B, H, N, ir.head_dim, device="cuda", dtype=dt)
+    v = torch.randn(B, H, N, ir.head_dim_v, device="cuda", dtype=dt)
+    seed = 1234
+    out = kern(q, k, v, seed=seed)
+    bufs = kern._buffers
+    ref = reference_attention(q, k, v, ir, buffers=bufs, seed=seed)
+    eag = eager_attention(q, k, v, ir, buffers=bufs, seed=seed)
+    ok, msg = error_ratio_check(out, ref, eag)
+    print(f"\ncompile {t_compile:.2f} s (schedule {ks.schedule}, {ks.arch})")
+    print(f"accuracy vs float64 reference: {msg} -> {'PASS' if ok else 'FAIL'}")
+    for _ in range(3):
+        kern(q, k, v, seed=seed)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = 20
+    e0.record()
+    for _ in range(reps):
+        kern(q, k, v, seed=seed)
+    e1.record()
+    torch.cuda.synchronize()
+    ms = e0.elapsed_time(e1) / reps
+    flops = 4 * B * H * N * N * ir.head_dim
+    print(f"time {ms:.3f} ms for B={B} H={H} N={N} d={ir.head_dim}: {flops / ms / 1e9:.1f} TFLOP/s "
+          f"(dense-equivalent FLOPs, 4*B*H*N^2*d)")
+    return 0 if ok else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="attncompiler", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", help="preset name (see `attncompiler presets`) or path/to/file.py:NAME")
+        p.add_argument("--schedule", default="auto", choices=["auto", "v1", "v2"])
+        p.add_argument("--arch", default=None, help="target, e.g. sm_80, sm_90 (default: this GPU, else sm_90)")
+        p.add_argument("--head-dim", type=int, default=128)
+        p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+        p.add_argument("--heads", type=int, default=16, help="heads (presets sized per head, e.g. ALiBi slopes)")
+        p.add_argument("--seqlen", type=int, default=1024, help="sequence length (presets sized per token)")
+
+    p = sub.add_parser("show", help="print the generated CUDA source")
+    common(p)
+    p.set_defaults(fn=_cmd_show)
+    p = sub.add_parser("plan", help="print the IR, the plan and why, and the IO report")
+    common(p)
+    p.add_argument("--all", action="store_true", help="list every candidate, accepted and rejected, with why")
+    p.add_argument("--sram-budget", type=int, default=None, help="v1: FA1's M in bytes")
+    p.set_defaults(fn=_cmd_plan)
+    p = sub.add_parser("run", help="compile, check against the float64 reference and time (GPU)")
+    common(p)
+    p.add_argument("--shape", default="2,16,1024", help="B,H,N (default 2,16,1024)")
+    p.set_defaults(fn=_cmd_run)
+    p = sub.add_parser("presets", help="list preset names")
+    p.set_defaults(fn=_cmd_presets)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except (ValueError, TypeError, RuntimeError) as e:
+        print(f"attncompiler: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,62 @@
+"""The variant's hook functions, printed from the IR's sympy expressions.
+
+Emits the *prelude* every schedule's translation unit starts with (after common.cuh):
+``ac_elem_t``, ``struct AttnParams``, ``struct AttnBuffers`` and ``struct Variant`` whose static
+members ``score_mod``, ``mask`` and ``tile_class`` are the FlashInfer-style hooks the kernels call
+(docs/architecture.md, "Hooks").
+"""
+from __future__ import annotations
+
+from ..ir.bounds import tile_classifier
+from ..ir.types import AttentionIR
+from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
+from .cuda_printer import print_cuda
+
+__all__ = ["render_prelude", "ELEM_TYPES"]
+
+ELEM_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
+
+_HOOK_ARGS = "const AttnParams& p, const AttnBuffers& buf"
+
+
+def _bool(x: bool) -> str:
+    return "true" if x else "false"
+
+
+def render_prelude(ir: AttentionIR) -> str:
+    """C++ for the element type, the parameter structs and the ``Variant`` hooks of ``ir``."""
+    has_score = ir.score_expr is not None
+    has_mask = ir.mask_expr is not None
+    has_dropout = ir.dropout_p > 0.0
+    score_body = f"return {print_cuda(ir.score_expr, kind='float')};" if has_score else "return score;"
+    mask_body = f"return {print_cuda(ir.mask_expr, kind='bool')};" if has_mask else "return true;"
+    tile_body = tile_classifier(ir.mask_expr).to_cuda() if has_mask else "return AC_TILE_FULL;"
+    lines = [
+        f"typedef {ELEM_TYPES[ir.dtype]} ac_elem_t;",
+        "",
+        c_struct("AttnParams", PARAM_FIELDS),
+        "",
+        c_struct("AttnBuffers", buffer_fields(ir.buffers)),
+        "",
+        "// The variant's hooks (generated from the spec's score_mod / mask_mod).",
+        "struct Variant {",
+        f"  static constexpr bool kHasScoreMod = {_bool(has_score)};",
+        f"  static constexpr bool kHasMask = {_bool(has_mask)};",
+        f"  static constexpr bool kHasDropout = {_bool(has_dropout)};",
+        "",
+        "  // score_mod: the scaled score -> the modified score",
+        "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q_idx, int kv_idx,",
+        f"                                                    {_HOOK_ARGS}) {{",
+        f"    {score_body}",
+        "  }",
+        "  // mask_mod: true = the key is visible to the query",
+        "  static __device__ __forceinline__ bool mask(int b, int h, int q_idx, int kv_idx, " + _HOOK_ARGS + ") {",
+        f"    {mask_body}",
+        "  }",
+        "  // tile [q_lo, q_hi] x [kv_lo, kv_hi] (inclusive): AC_TILE_EMPTY / AC_TILE_PARTIAL / AC_TILE_FULL",
+        "  static __device__ __forceinline__ int tile_class(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi,",
+        f"                                                   {_HOOK_ARGS}) {{",
+    ]
+    lines += ["    " + ln for ln in tile_body.strip().splitlines()]
+    lines += ["  }", "};"]
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""The v2 schedule: FlashAttention-2 forward (templates/v2_fwd.cu.j2, include/attncompiler/v2_fwd.cuh)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir.types import AttentionIR
+from ..plan.planner import plan_v2
+from ..plan.targets import Target
+from ..runtime.launch import AttnInputs
+from .hooks import render_prelude
+from .render import render_source
+from .schedule import KernelSource
+
+__all__ = ["SCHEDULE", "V2Schedule"]
+
+
+@dataclass(frozen=True)
+class V2Schedule:
+    name: str = "v2"
+    template: str = "v2_fwd.cu.j2"
+
+    def make_plan(self, ir: AttentionIR, target: Target, **options: Any):
+        return plan_v2(ir, target, **options)
+
+    def render(self, ir: AttentionIR, plan, target: Target) -> KernelSource:
+        src = render_source(
+            self.template,
+            name=ir.name,
+            prelude=render_prelude(ir),
+            plan_text=plan.describe(),
+            head_dim=ir.head_dim,
+            head_dim_v=ir.head_dim_v,
+            block_m=plan.block_m,
+            block_n=plan.block_n,
+            num_warps=plan.num_warps,
+            q_in_regs=bool(getattr(plan, "q_in_regs", False)),
+            min_ctas=1,
+            smem_bytes=plan.smem_bytes,
+        )
+        return KernelSource(self.name, "attn_fwd", target.nvrtc_arch, src, plan, plan.num_threads,
+                            plan.smem_bytes)
+
+    def grid(self, ks: KernelSource, dims: AttnInputs) -> tuple[int, int, int]:
+        return (-(-dims.Nq // ks.plan.block_m), dims.B * dims.H, 1)
+
+    def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
+        return 0
+
+
+SCHEDULE = V2Schedule()

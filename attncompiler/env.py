@@ -1,0 +1,52 @@
+"""Every environment variable attncompiler reads, declared in one place.
+
+=============================  =================================================================
+variable                       meaning
+=============================  =================================================================
+ATTNCOMPILER_CACHE_DIR         where compiled cubins and tuned plans are kept
+                               (default: $XDG_CACHE_HOME/attncompiler or ~/.cache/attncompiler)
+ATTNCOMPILER_DISABLE_CACHE     "1": never read or write the disk cache (memory cache still used)
+ATTNCOMPILER_CUDA_INCLUDE      extra include folder holding cuda_fp16.h / cuda_bf16.h for NVRTC
+ATTNCOMPILER_NVCC              the nvcc used for offline compile checks (default: nvcc on PATH)
+ATTNCOMPILER_VERBOSE           "1": print each compilation and its time to stderr
+=============================  =================================================================
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["cache_dir", "disk_cache_enabled", "cuda_include_override", "nvcc_path", "verbose", "ENV_VARS"]
+
+ENV_VARS = (
+    "ATTNCOMPILER_CACHE_DIR",
+    "ATTNCOMPILER_DISABLE_CACHE",
+    "ATTNCOMPILER_CUDA_INCLUDE",
+    "ATTNCOMPILER_NVCC",
+    "ATTNCOMPILER_VERBOSE",
+)
+
+
+def cache_dir() -> Path:
+    """The on-disk cache root (not created here)."""
+    override = os.environ.get("ATTNCOMPILER_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attncompiler"
+
+
+def disk_cache_enabled() -> bool:
+    return os.environ.get("ATTNCOMPILER_DISABLE_CACHE", "0") not in ("1", "true", "yes")
+
+
+def cuda_include_override() -> str | None:
+    return os.environ.get("ATTNCOMPILER_CUDA_INCLUDE") or None
+
+
+def nvcc_path() -> str:
+    return os.environ.get("ATTNCOMPILER_NVCC", "nvcc")
+
+
+def verbose() -> bool:
+    return os.environ.get("ATTNCOMPILER_VERBOSE", "0") in ("1", "true", "yes")

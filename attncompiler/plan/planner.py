@@ -1,0 +1,254 @@
+"""Plans that explain themselves: schedule dispatch, HBM IO reports and tables.
+
+The schedule planners live in :mod:`.v1` (FlashAttention-1 block-size rule) and :mod:`.v2`
+(FlashAttention-2 tile search); shared types in :mod:`.model`.  This module re-exports them and
+adds :func:`plan` (schedule dispatch), :func:`io_report` / :func:`format_io_report` (predicted HBM
+bytes of standard attention vs. the plan's kernel) and :func:`format_candidates`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .model import Candidate, Plan, PlanError, ProblemDims, elem_bytes, resolve_target
+from .targets import Target, TargetError, get_target
+from .v1 import V1Plan, plan_v1
+from .v2 import V2Plan, candidates_v2, plan_v2
+
+__all__ = [
+    "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
+    "plan", "plan_v1", "plan_v2", "candidates_v2", "io_report", "format_io_report", "format_candidates",
+    "SCHEDULES", "auto_schedule",
+]
+
+# Schedule name -> planner.  A new schedule (v3: Hopper wgmma + TMA) registers here and, where it
+# applies, is picked by auto_schedule().
+SCHEDULES: dict[str, Callable[..., Plan]] = {"v1": plan_v1, "v2": plan_v2}
+
+
+def auto_schedule(target: Target) -> str:
+    """The schedule "auto" picks on ``target``.
+
+    Hook for v3: once ``plan_v3`` exists, return "v3" here for ``target.supports_wgmma``.
+    """
+    return "v2"
+
+
+def plan(ir_or_dims: Any, schedule: str = "auto", target: Target | str | None = None, **options: Any) -> Plan:
+    """Plan ``ir_or_dims`` (AttentionIR or ProblemDims) with ``schedule`` on ``target``.
+
+    ``target`` None means the current CUDA device (:func:`detect_target`).  ``options`` go to the
+    schedule's planner (``sram_budget`` for v1; ``block_m``, ``block_n``, ``num_warps``,
+    ``q_in_regs`` for v2).
+    """
+    names = (*SCHEDULES, "auto")
+    if schedule not in names:
+        raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(names)}")
+    t = resolve_target(target)
+    name = auto_schedule(t) if schedule == "auto" else schedule
+    p = SCHEDULES[name](ir_or_dims, t, **options)
+    if schedule == "auto":
+        p = _with_reason(p, f"schedule 'auto' on {t.name} -> {name} (v3 for wgmma targets is not implemented yet)",
+                         first=True)
+    return p
+
+
+def _with_reason(p: Plan, reason: str, first: bool = False) -> Plan:
+    reasons = (reason, *p.reasons) if first else (*p.reasons, reason)
+    return dataclasses.replace(p, reasons=reasons)
+
+
+# --- IO report -----------------------------------------------------------------------------------
+
+Terms = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class IOReport:
+    """Predicted HBM bytes of standard attention and of the plan's kernel, for one problem size.
+
+    Every term is already multiplied by B*H.  FLOPs count the two matmuls (2 per multiply-add:
+    2*Nq*Nk*D + 2*Nq*Nk*DV per head, = 4*Nq*Nk*d when D == DV), halved when causal.  The roofline
+    times are lower bounds max(bytes / HBM bandwidth, FLOPs / peak) on the plan's target (None
+    where the target or its peak is unknown).
+    """
+
+    schedule: str
+    target: str
+    B: int
+    H: int
+    Nq: int
+    Nk: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    causal: bool
+    flops: int
+    standard_terms: Terms
+    schedule_terms: Terms
+    standard_order: str
+    schedule_order: str
+    notes: tuple[str, ...] = ()
+    standard_time_s: float | None = None
+    schedule_time_s: float | None = None
+
+    @property
+    def standard_bytes(self) -> int:
+        return sum(b for _, b in self.standard_terms)
+
+    @property
+    def schedule_bytes(self) -> int:
+        return sum(b for _, b in self.schedule_terms)
+
+    @property
+    def standard_intensity(self) -> float:
+        """FLOPs per HBM byte of standard attention."""
+        return self.flops / self.standard_bytes
+
+    @property
+    def schedule_intensity(self) -> float:
+        """FLOPs per HBM byte of the plan's kernel."""
+        return self.flops / self.schedule_bytes
+
+
+def _check_size(label: str, x: Any) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x <= 0:
+        raise PlanError(f"{label} must be a positive int, got {x!r}")
+    return x
+
+
+def _v2_causal_kv_rows(nq: int, nk: int, bm: int, bn: int) -> int:
+    """K/V rows one head's query blocks read under a bottom-right causal mask (empty tiles skipped)."""
+    total = 0
+    for i in range(-(-nq // bm)):
+        last_key = min(nq, (i + 1) * bm) - 1 + (nk - nq)  # last key the block's last row sees
+        if last_key >= 0:
+            total += min(nk, -(-(last_key + 1) // bn) * bn)
+    return total
+
+
+def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False) -> IOReport:
+    """Predicted HBM bytes (standard attention vs. ``plan``'s kernel) and FLOPs for one problem.
+
+    standard: read Q, K, V; write S, read S, write P, read P (each Nq x Nk in the element dtype);
+    write O.  v1 (FA1 Algorithm 1, Theorem 2: Theta(N^2 d^2 / M)): K, V read once; each of the
+    Tc = ceil(Nk / B_c) passes reads Q and reads + writes the fp32 O, l, m workspace; O written
+    once in the element dtype.  v2: Q read and O written once; K and V read once per query block,
+    Tr = ceil(Nq / BLOCK_M) times (under ``causal`` only up to the diagonal, at BLOCK_N granularity).
+    The optional lse output (Nq fp32 per head) is left out of every count.
+    """
+    B, H, Nq, Nk = (_check_size(n, x) for n, x in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk)))
+    d, dv, e = plan.head_dim, plan.head_dim_v, elem_bytes(plan.dtype)
+    bh = B * H
+    flops = 2 * bh * Nq * Nk * (d + dv)
+    if causal:
+        flops //= 2
+    standard: Terms = (
+        ("Q, K, V read", bh * (Nq * d + Nk * d + Nk * dv) * e),
+        ("S = QK^T written + read by softmax", bh * 2 * Nq * Nk * e),
+        ("P written + read by PV", bh * 2 * Nq * Nk * e),
+        ("O written", bh * Nq * dv * e),
+    )
+    notes: list[str] = []
+    if isinstance(plan, V1Plan):
+        tc = -(-Nk // plan.block_c)
+        sched: Terms = (
+            ("K, V read once", bh * Nk * (d + dv) * e),
+            (f"Q_i read per (j, i) pair: Tc={tc} passes", bh * tc * Nq * d * e),
+            (f"O_i fp32 read + written per pair: Tc={tc}", bh * tc * Nq * dv * 4 * 2),
+            (f"l_i, m_i fp32 read + written per pair: Tc={tc}", bh * tc * 2 * Nq * 4 * 2),
+            ("O written (element dtype)", bh * Nq * dv * e),
+        )
+        m = plan.sram_budget_elems
+        order = (f"Theta(N^2 d^2 / M): Nq*Nk*d^2/M = {Nq}*{Nk}*{d}^2/{m} = {Nq * Nk * d * d / m:.4g} "
+                 f"elements per head")
+        if causal:
+            notes.append("v1 and standard counts do not skip masked blocks")
+    elif isinstance(plan, V2Plan):
+        tr = -(-Nq // plan.block_m)
+        if causal:
+            rows = _v2_causal_kv_rows(Nq, Nk, plan.block_m, plan.block_n)
+            kv = (f"K, V read per query block up to the causal diagonal (Tr={tr})", bh * rows * (d + dv) * e)
+        else:
+            kv = (f"K, V read once per query block: Tr={tr}", bh * tr * Nk * (d + dv) * e)
+        sched = (("Q read once", bh * Nq * d * e), ("O written once", bh * Nq * dv * e), kv)
+        order = f"Theta(N d + N^2 d / BLOCK_M): Tr = ceil({Nq} / {plan.block_m}) = {tr} passes over K, V"
+        if causal:
+            notes.append("standard counts do not skip masked blocks")
+    else:
+        raise PlanError(f"io_report has no model for schedule {plan.schedule!r}")
+
+    t_std = t_sched = None
+    try:
+        t = get_target(plan.target)
+    except TargetError:
+        t = None
+    if t is not None:
+        peak = t.fp32_flops if plan.schedule == "v1" else t.mma_sync_flops
+        std_bytes = sum(b for _, b in standard)
+        if t.peak_tensor_flops:
+            t_std = max(std_bytes / t.hbm_bandwidth, flops / t.peak_tensor_flops)
+        if peak:
+            t_sched = max(sum(b for _, b in sched) / t.hbm_bandwidth, flops / peak)
+        if plan.schedule == "v1":
+            notes.append("v1 computes with scalar fp32 FMAs: its roofline uses the CUDA-core fp32 peak")
+    return IOReport(
+        schedule=plan.schedule, target=plan.target, B=B, H=H, Nq=Nq, Nk=Nk, head_dim=d, head_dim_v=dv,
+        dtype=plan.dtype, causal=causal, flops=flops, standard_terms=standard, schedule_terms=sched,
+        standard_order="Theta(N d + N^2)", schedule_order=order, notes=tuple(notes),
+        standard_time_s=t_std, schedule_time_s=t_sched,
+    )
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= div:
+            return f"{n} B ({n / div:.3g} {unit})"
+    return f"{n} B"
+
+
+def _fmt_time(s: float | None) -> str:
+    return "n/a" if s is None else f"{s * 1e6:.4g} us"
+
+
+def format_io_report(report: IOReport) -> str:
+    """Standard attention and the plan's kernel side by side: bytes, FLOPs, intensity, roofline."""
+    r = report
+    name = {"v1": "v1 (FA1)", "v2": "v2 (FA2 forward)"}.get(r.schedule, r.schedule)
+    rows = [
+        ("HBM bytes", _fmt_bytes(r.standard_bytes), _fmt_bytes(r.schedule_bytes)),
+        ("FLOPs" + (" (causal: halved)" if r.causal else ""), f"{r.flops:.4g}", f"{r.flops:.4g}"),
+        ("FLOP / byte", f"{r.standard_intensity:.4g}", f"{r.schedule_intensity:.4g}"),
+        (f"roofline bound on {r.target}", _fmt_time(r.standard_time_s), _fmt_time(r.schedule_time_s)),
+    ]
+    w0 = max(len(a) for a, _, _ in rows) + 2
+    w1 = max(max(len(b) for _, b, _ in rows), len("standard attention")) + 2
+    lines = [
+        f"HBM IO: {name} plan on {r.target}; B={r.B} H={r.H} Nq={r.Nq} Nk={r.Nk} D={r.head_dim} "
+        f"DV={r.head_dim_v} {r.dtype}, causal={r.causal}",
+        f"{'':<{w0}}{'standard attention':<{w1}}{name}",
+        *(f"{a:<{w0}}{b:<{w1}}{c}" for a, b, c in rows),
+        f"{name} moves {r.schedule_bytes / r.standard_bytes:.4g}x the bytes of standard attention",
+        f"  standard: {r.standard_order}",
+        *(f"    {label}: {b} B" for label, b in r.standard_terms),
+        f"  {name}: {r.schedule_order}",
+        *(f"    {label}: {b} B" for label, b in r.schedule_terms),
+        *(f"  note: {n}" for n in r.notes),
+    ]
+    return "\n".join(lines)
+
+
+def format_candidates(cands: list[Candidate]) -> str:
+    """A fixed-width table of candidates: configuration, resources, verdict and reason."""
+    header = ("rank", "BLOCK_M", "BLOCK_N", "warps", "MT", "smem B", "regs", "Q regs", "CTAs/SM", "ok", "reason")
+    rows = [header]
+    for c in cands:
+        rows.append((
+            str(c.rank) if c.accepted else "-", str(c.block_m), str(c.block_n), str(c.num_warps), f"{c.mt:g}",
+            str(c.smem_bytes), str(c.est_registers_per_thread) if c.est_registers_per_thread else "-",
+            "yes" if c.q_in_regs else "no", str(c.ctas_per_sm) if c.accepted else "-",
+            "yes" if c.accepted else "NO", c.reason,
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)

@@ -1,0 +1,216 @@
+"""Run-time compilation: NVRTC (through CuPy's bindings) to a cubin, loaded with CuPy.
+
+Two cache levels: an in-process dict of loaded kernels keyed by (source digest, arch, device),
+and an on-disk cubin cache keyed by a digest of (source, options, NVRTC version, arch), written
+atomically (temporary file + ``os.replace``) so concurrent processes never read a torn file.
+``compile_with_nvcc`` is the offline path used without a GPU (CI): it builds a cubin with nvcc and
+reports registers, spills and shared memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import env
+
+__all__ = ["CompileError", "LoadedKernel", "NvccReport", "compile_kernel", "compile_with_nvcc", "nvrtc_options",
+           "compile_stats"]
+
+_NVRTC_FLAGS = ("-std=c++17", "-DNDEBUG")
+
+
+class CompileError(RuntimeError):
+    """The generated source did not compile; the message carries the compiler log."""
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A compiled, loaded kernel function (CUfunction handle) on one device."""
+
+    function: object = field(repr=False)  # cupy.cuda.function.Function
+    module: object = field(repr=False)  # keeps the CUmodule alive
+    arch: str
+    device: int
+    compile_seconds: float
+    from_disk_cache: bool
+
+    @property
+    def ptr(self) -> int:
+        return int(self.function.ptr)
+
+
+_lock = threading.Lock()
+_memory: dict[tuple[str, str, int, str], LoadedKernel] = {}
+_stats = {"nvrtc_compiles": 0, "disk_hits": 0, "memory_hits": 0}
+
+
+def compile_stats() -> dict[str, int]:
+    """Counters: NVRTC compilations, disk-cache hits and memory-cache hits in this process."""
+    return dict(_stats)
+
+
+def _cuda_include_dirs() -> list[str]:
+    cands: list[str] = []
+    if env.cuda_include_override():
+        cands.append(env.cuda_include_override() or "")
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            cands.append(os.path.join(os.environ[var], "include"))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(str(Path(nvcc).resolve().parent.parent / "include"))
+    cands += ["/usr/local/cuda/include", "/opt/cuda/include"]
+    try:  # CUDA headers from pip wheels (nvidia-cuda-runtime / cuda-toolkit)
+        import nvidia  # type: ignore
+
+        for root in getattr(nvidia, "__path__", []):
+            cands += [str(p.parent) for p in Path(root).glob("*/include/cuda_fp16.h")]
+    except ImportError:
+        pass
+    out: list[str] = []
+    for c in cands:
+        if c and os.path.isfile(os.path.join(c, "cuda_fp16.h")) and c not in out:
+            out.append(c)
+    return out
+
+
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """NVRTC options for ``arch`` (e.g. ``sm_90a``): C++17, cubin for that arch, CUDA headers."""
+    return (*_NVRTC_FLAGS, f"--gpu-architecture={arch}", *(f"-I{d}" for d in _cuda_include_dirs()))
+
+
+def _nvrtc_cubin(source: str, arch: str, name: str) -> tuple[bytes, str]:
+    from cupy_backends.cuda.libs import nvrtc  # lazy: CuPy is only needed to run on a GPU
+
+    opts = nvrtc_options(arch)
+    prog = nvrtc.createProgram(source, f"{name}.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+        except nvrtc.NVRTCError as e:
+            log = nvrtc.getProgramLog(prog)
+            raise CompileError(f"NVRTC failed to compile {name} for {arch}: {e}\n{log}") from None
+        return bytes(nvrtc.getCUBIN(prog)), nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def _disk_key(source: str, arch: str) -> str:
+    from cupy_backends.cuda.libs import nvrtc
+
+    h = hashlib.sha256()
+    for part in (source, arch, repr(nvrtc_options(arch)), repr(nvrtc.getVersion())):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def compile_kernel(source: str, arch: str, device: int, entry: str = "attn_fwd") -> LoadedKernel:
+    """Compile (or fetch from cache) ``source`` for ``arch`` and load ``entry`` on ``device``."""
+    from cupy.cuda import Device, function
+
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    mkey = (digest, arch, device, entry)
+    with _lock:
+        hit = _memory.get(mkey)
+        if hit is not None:
+            _stats["memory_hits"] += 1
+            return hit
+        t0 = time.perf_counter()
+        cubin: bytes | None = None
+        path: Path | None = None
+        if env.disk_cache_enabled():
+            path = env.cache_dir() / "cubin" / f"{_disk_key(source, arch)}.cubin"
+            if path.is_file():
+                cubin = path.read_bytes()
+                _stats["disk_hits"] += 1
+        from_disk = cubin is not None
+        if cubin is None:
+            cubin, _log = _nvrtc_cubin(source, arch, entry)
+            _stats["nvrtc_compiles"] += 1
+            if path is not None:
+                _atomic_write(path, cubin)
+        with Device(device):
+            mod = function.Module()
+            mod.load(cubin)
+            fn = mod.get_function(entry)
+        dt = time.perf_counter() - t0
+        if env.verbose():
+            src = "disk cache" if from_disk else "NVRTC"
+            print(f"[attncompiler] {entry} for {arch} on cuda:{device}: {dt * 1e3:.0f} ms ({src})", file=sys.stderr)
+        loaded = LoadedKernel(fn, mod, arch, device, dt, from_disk)
+        _memory[mkey] = loaded
+        return loaded
+
+
+@dataclass(frozen=True)
+class NvccReport:
+    """What ptxas said about one kernel compiled offline."""
+
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    smem_bytes: int
+    seconds: float
+    log: str = field(repr=False)
+    cubin: bytes = field(repr=False)
+
+
+_REG_RE = re.compile(r"Used (\d+) registers")
+_SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK_RE = re.compile(r"(\d+) bytes stack frame")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def compile_with_nvcc(source: str, arch: str, *, extra: tuple[str, ...] = ()) -> NvccReport:
+    """Compile ``source`` to a cubin with nvcc (no GPU needed) and parse ptxas's resource report.
+
+    ``arch`` like ``sm_80`` or ``sm_90a`` (the latter is passed as ``-gencode`` so the
+    arch-specific instructions assemble)."""
+    nvcc = shutil.which(env.nvcc_path())
+    if nvcc is None:
+        raise CompileError(f"nvcc not found (looked for {env.nvcc_path()!r}; set ATTNCOMPILER_NVCC)")
+    num = arch.removeprefix("sm_")
+    target = [f"-gencode=arch=compute_{num},code=sm_{num}"]
+    with tempfile.TemporaryDirectory(prefix="attncompiler-nvcc-") as d:
+        src = Path(d) / "kernel.cu"
+        src.write_text(source)
+        out = Path(d) / "kernel.cubin"
+        cmd = [nvcc, "-cubin", "-std=c++17", "-DNDEBUG", *target, "-Xptxas", "-v", *extra, "-o", str(out), str(src)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{log}")
+        regs = max((int(x) for x in _REG_RE.findall(log)), default=0)
+        spills = _SPILL_RE.findall(log)
+        st = sum(int(a) for a, _ in spills)
+        ld = sum(int(b) for _, b in spills)
+        stack = max((int(x) for x in _STACK_RE.findall(log)), default=0)
+        smem = max((int(x) for x in _SMEM_RE.findall(log)), default=0)
+        return NvccReport(arch, regs, st, ld, stack, smem, dt, log, out.read_bytes())

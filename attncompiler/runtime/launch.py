@@ -1,0 +1,182 @@
+"""Checks inputs and launches a compiled kernel on torch's current stream.
+
+Everything the kernel assumes is checked here first, with an error that names what was expected
+and what was got, so that bad input never reaches the driver as an illegal memory access.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from ..ir.types import AttentionIR
+from .params import PARAM_FIELDS, buffer_fields, ctypes_struct
+
+__all__ = ["InputError", "AttnInputs", "check_inputs", "prepare_buffers", "pack_params", "launch"]
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_MAX_GRID_Y = 65535
+
+
+class InputError(ValueError):
+    """The tensors given do not fit the compiled kernel."""
+
+
+@dataclass(frozen=True)
+class AttnInputs:
+    """Validated problem sizes."""
+
+    B: int
+    H: int
+    H_kv: int
+    Nq: int
+    Nk: int
+    D: int
+    DV: int
+
+
+def _desc(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {t.dtype} on {t.device}"
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: AttentionIR) -> AttnInputs:
+    """Validate q (B, H, Nq, D), k (B, H_kv, Nk, D), v (B, H_kv, Nk, DV) for ``ir``."""
+    want = _TORCH_DTYPES[ir.dtype]
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
+        if t.dtype != want:
+            raise InputError(
+                f"{name}: expected dtype {want} (the spec's dtype {ir.dtype!r}), got {t.dtype}; "
+                f"cast the input or compile a spec with dtype={t.dtype}"
+            )
+        if t.dim() != 4:
+            raise InputError(f"{name}: expected 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
+    B, H, Nq, D = q.shape
+    Bk, H_kv, Nk, Dk = k.shape
+    Bv, H_v, Nv, DV = v.shape
+    if D != ir.head_dim:
+        raise InputError(f"q: expected head_dim {ir.head_dim} (compiled), got {D} in shape {tuple(q.shape)}")
+    if Dk != ir.head_dim:
+        raise InputError(f"k: expected head_dim {ir.head_dim} (compiled), got {Dk} in shape {tuple(k.shape)}")
+    if DV != ir.head_dim_v:
+        raise InputError(f"v: expected head_dim_v {ir.head_dim_v} (compiled), got {DV} in shape {tuple(v.shape)}")
+    if not (B == Bk == Bv):
+        raise InputError(f"batch: expected q, k, v to share it, got {B}, {Bk}, {Bv}")
+    if H_kv != H_v or Nk != Nv:
+        raise InputError(f"k and v: expected the same heads and seqlen, got k {_desc(k)} and v {_desc(v)}")
+    if H_kv == 0 or H % H_kv != 0:
+        raise InputError(f"heads: expected q heads ({H}) to be a multiple of k/v heads ({H_kv})")
+    if B * H > _MAX_GRID_Y:
+        raise InputError(f"batch*heads: expected at most {_MAX_GRID_Y}, got {B * H}")
+    if max(Nq, Nk) >= 2**31 - 1024:
+        raise InputError(f"seqlen: expected < 2^31, got Nq={Nq}, Nk={Nk}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            continue
+        if t.stride(-1) != 1:
+            raise InputError(
+                f"{name}: expected a contiguous head dimension (stride 1), got strides {t.stride()}; "
+                f"call .contiguous() first"
+            )
+        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
+            raise InputError(
+                f"{name}: expected 16-byte aligned rows (strides multiples of 8 elements, 16-byte aligned "
+                f"base), got strides {t.stride()} and address {t.data_ptr():#x}; call .contiguous() first"
+            )
+    return AttnInputs(B, H, H_kv, Nq, Nk, D, DV)
+
+
+def prepare_buffers(ir: AttentionIR, values: Mapping[str, torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Contiguous float32 / int32 copies of the captured buffers, in the IR's order, on ``device``."""
+    out: list[torch.Tensor] = []
+    for info in ir.buffers:
+        if info.name not in values:
+            raise InputError(f"buffer {info.name!r}: expected a tensor for it (captured by the spec), got none")
+        t = values[info.name]
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"buffer {info.name!r}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != info.ndim:
+            raise InputError(f"buffer {info.name!r}: expected {info.ndim} dims, got shape {tuple(t.shape)}")
+        if t.numel() == 0:
+            raise InputError(f"buffer {info.name!r}: expected a non-empty tensor, got shape {tuple(t.shape)}")
+        want = torch.float32 if info.kind == "float" else torch.int32
+        out.append(t.to(device=device, dtype=want).contiguous())
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _params_type() -> type[ctypes.Structure]:
+    return ctypes_struct("AttnParams", PARAM_FIELDS)
+
+
+@functools.lru_cache(maxsize=256)
+def _buffers_type(buffers: tuple) -> type[ctypes.Structure]:
+    return ctypes_struct("AttnBuffers", buffer_fields(buffers))
+
+
+def pack_params(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor | None,
+    workspace: torch.Tensor | None,
+    dims: AttnInputs,
+    *,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    offset: int,
+    ir: AttentionIR,
+    buffers: list[torch.Tensor],
+) -> tuple[ctypes.Structure, ctypes.Structure]:
+    """The two by-value kernel arguments."""
+    P = _params_type()()
+    P.q, P.k, P.v, P.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    P.lse = lse.data_ptr() if lse is not None else None
+    P.workspace = workspace.data_ptr() if workspace is not None else None
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        sb, sh, sn, _ = t.stride()
+        setattr(P, f"{name}_sb", sb)
+        setattr(P, f"{name}_sh", sh)
+        setattr(P, f"{name}_sn", sn)
+    P.B, P.H, P.H_kv, P.Nq, P.Nk = dims.B, dims.H, dims.H_kv, dims.Nq, dims.Nk
+    P.scale = scale
+    P.dropout_p = dropout_p
+    keep = 1.0 - dropout_p
+    P.dropout_threshold = min(2**32 - 1, int(round(keep * 2**32)))
+    P.dropout_rescale = 1.0 / keep
+    P.seed = seed & (2**64 - 1)
+    P.offset = offset & (2**64 - 1)
+    Bf = _buffers_type(ir.buffers)()
+    for info, t in zip(ir.buffers, buffers):
+        setattr(Bf, info.name, t.data_ptr())
+        for i in range(info.ndim):
+            setattr(Bf, f"{info.name}_d{i}", t.shape[i])
+    return P, Bf
+
+
+def launch(
+    function_ptr: int,
+    grid: tuple[int, int, int],
+    block: int,
+    smem_bytes: int,
+    params: ctypes.Structure,
+    buffers: ctypes.Structure,
+    device: torch.device,
+) -> None:
+    """cuLaunchKernel on torch's current stream of ``device``."""
+    from cupy.cuda import driver
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    args = (ctypes.c_void_p * 2)(ctypes.addressof(params), ctypes.addressof(buffers))
+    driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, stream,
+                        ctypes.addressof(args), 0)

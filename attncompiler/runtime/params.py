@@ -1,0 +1,90 @@
+"""The kernel parameter block, defined once and mirrored in C and ctypes.
+
+Every generated kernel takes ``(const AttnParams p, const AttnBuffers buf)`` by value.  The C
+struct text (emitted into the generated source) and the ctypes ``Structure`` used to launch are
+both produced from :data:`PARAM_FIELDS`, so they cannot drift apart.
+
+Strides are in elements.  Tensors are addressed as ``base + b*s_b + h*s_h + n*s_n + d`` (the head
+dimension is contiguous).  ``lse`` is float32 of shape (B, H, Nq), contiguous; it may be null.
+``workspace`` is float32 scratch owned by the launcher (v1 keeps O, l and m there).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+__all__ = ["PARAM_FIELDS", "CField", "c_struct", "ctypes_struct", "buffer_fields"]
+
+
+@dataclass(frozen=True)
+class CField:
+    name: str
+    ctype: str  # C spelling
+    comment: str = ""
+
+
+_CTYPES = {
+    "const void*": ctypes.c_void_p,
+    "void*": ctypes.c_void_p,
+    "float*": ctypes.c_void_p,
+    "const float*": ctypes.c_void_p,
+    "const int*": ctypes.c_void_p,
+    "long long": ctypes.c_longlong,
+    "int": ctypes.c_int,
+    "unsigned int": ctypes.c_uint,
+    "unsigned long long": ctypes.c_ulonglong,
+    "float": ctypes.c_float,
+}
+
+PARAM_FIELDS: tuple[CField, ...] = (
+    CField("q", "const void*", "query  (B, H, Nq, D) by strides"),
+    CField("k", "const void*", "key    (B, H_kv, Nk, D)"),
+    CField("v", "const void*", "value  (B, H_kv, Nk, DV)"),
+    CField("o", "void*", "output (B, H, Nq, DV)"),
+    CField("lse", "float*", "log-sum-exp (B, H, Nq) float32 contiguous, natural log; may be null"),
+    CField("workspace", "float*", "float32 scratch owned by the launcher; may be null"),
+    CField("q_sb", "long long"), CField("q_sh", "long long"), CField("q_sn", "long long"),
+    CField("k_sb", "long long"), CField("k_sh", "long long"), CField("k_sn", "long long"),
+    CField("v_sb", "long long"), CField("v_sh", "long long"), CField("v_sn", "long long"),
+    CField("o_sb", "long long"), CField("o_sh", "long long"), CField("o_sn", "long long"),
+    CField("B", "int", "batch"),
+    CField("H", "int", "query heads"),
+    CField("H_kv", "int", "key/value heads (H % H_kv == 0)"),
+    CField("Nq", "int", "query length"),
+    CField("Nk", "int", "key/value length"),
+    CField("scale", "float", "softmax scale applied to q.k before score_mod"),
+    CField("dropout_p", "float", "drop probability"),
+    CField("dropout_threshold", "unsigned int", "keep iff philox word < threshold"),
+    CField("dropout_rescale", "float", "1 / (1 - dropout_p)"),
+    CField("seed", "unsigned long long", "Philox key"),
+    CField("offset", "unsigned long long", "Philox counter offset (low 32 bits used)"),
+)
+
+
+def c_struct(name: str, fields: tuple[CField, ...]) -> str:
+    """C definition of a struct with these fields (one per line, commented)."""
+    lines = [f"struct {name} {{"]
+    if not fields:
+        lines.append("  int _unused;")
+    for f in fields:
+        c = f"  // {f.comment}" if f.comment else ""
+        lines.append(f"  {f.ctype} {f.name};{c}")
+    lines.append("};")
+    return "\n".join(lines)
+
+
+def ctypes_struct(name: str, fields: tuple[CField, ...]) -> type[ctypes.Structure]:
+    """A ctypes Structure laid out exactly like :func:`c_struct` (host ABI = CUDA ABI)."""
+    cf = [(f.name, _CTYPES[f.ctype]) for f in fields] or [("_unused", ctypes.c_int)]
+    return type(name, (ctypes.Structure,), {"_fields_": cf})
+
+
+def buffer_fields(buffers) -> tuple[CField, ...]:
+    """Fields of ``AttnBuffers`` for the IR's captured buffers: a pointer and each dimension."""
+    out: list[CField] = []
+    for b in buffers:
+        ptr = "const float*" if b.kind == "float" else "const int*"
+        out.append(CField(b.name, ptr, f"captured buffer, {b.ndim}-d, {b.kind}, contiguous"))
+        for i in range(b.ndim):
+            out.append(CField(f"{b.name}_d{i}", "int", f"size of dim {i}"))
+    return tuple(out)

@@ -1,0 +1,639 @@
+"""Tracing Python score / mask modifiers into sympy expressions.
+
+A modifier is an ordinary Python function with a FlexAttention signature::
+
+    score_mod(score, b, h, q_idx, kv_idx) -> number
+    mask_mod(b, h, q_idx, kv_idx)         -> bool (True = visible)
+
+It is *traced* by calling it once on :class:`Sym` proxies of the symbols in
+:mod:`attncompiler.spec.symbols`; every arithmetic operator, comparison and supported torch
+function applied to a proxy builds a sympy expression instead of computing a value.
+
+Captured tensors (closure variables, globals, default arguments, explicit ``buffers=``) become
+:class:`BufferProxy` objects, so ``slopes[h]`` traces to ``Indexed(IndexedBase("slopes"), h)``.
+A tensor reached any other way (an attribute, a list element) and indexed with a traced value is
+caught through ``__torch_function__`` and named ``buffer0``, ``buffer1``, ...  Bool tensors read as
+``Ne(x[i], 0)`` (they are passed to the kernel as int32), 0-dim tensors as ``x[0]`` of a 1-element
+buffer (a run-time scalar, e.g. a learnable temperature).
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import math
+import numbers
+import operator
+import os
+import re
+import types
+from typing import Any, Callable, Iterable, Mapping
+
+import sympy
+import torch
+from sympy.logic.boolalg import Boolean, BooleanAtom, BooleanFunction
+from sympy.core.relational import Relational
+
+from .symbols import ALL_SYMBOLS, B, H, KV_IDX, Q_IDX, SCORE
+
+__all__ = [
+    "SpecError", "TraceError", "Sym", "BufferProxy", "Tracer", "trace_score_mod", "trace_mask_mod",
+    "to_expr", "is_boolean", "is_numeric", "sanitize_buffer_name", "check_buffer_name",
+    "RESERVED_NAMES", "SCORE_MOD_PARAMS", "MASK_MOD_PARAMS", "as_number", "as_boolean",
+    "BINARY_OPS", "COMPARE_OPS",
+    "simplify_mask",
+]
+
+SCORE_MOD_PARAMS = ("score", "b", "h", "q_idx", "kv_idx")
+MASK_MOD_PARAMS = ("b", "h", "q_idx", "kv_idx")
+
+_C_KEYWORDS = frozenset(
+    "auto break case char const continue default do double else enum extern float for goto if inline "
+    "int long register restrict return short signed sizeof static struct switch typedef union unsigned "
+    "void volatile while bool true false class namespace template typename this new delete operator "
+    "public private protected virtual friend using nullptr".split()
+)
+RESERVED_NAMES: frozenset[str] = _C_KEYWORDS | frozenset(
+    [s.name for s in ALL_SYMBOLS] + ["p", "buf", "Variant", "AttnParams", "AttnBuffers"]
+    + "exp log tanh sqrt abs min max floor ceil pow sigmoid where clamp fabs fmin fmax expf logf "
+      "tanhf sqrtf powf exp2 log2 exp2f log2f floorf ceilf rsqrt rsqrtf math torch sympy".split()
+)
+
+
+class SpecError(ValueError):
+    """An attention spec is invalid (what was expected, what was given, what to do)."""
+
+
+class TraceError(SpecError):
+    """A score / mask modifier cannot be traced into a compilable expression."""
+
+
+_CURRENT: contextvars.ContextVar["Tracer | None"] = contextvars.ContextVar("attncompiler_tracer", default=None)
+
+
+# ----------------------------------------------------------------------------------- expressions
+def is_boolean(e: Any) -> bool:
+    """True for sympy booleans: relationals, And/Or/Not/..., true/false (not plain symbols)."""
+    return isinstance(e, (Relational, BooleanFunction, BooleanAtom))
+
+
+def is_numeric(e: Any) -> bool:
+    return isinstance(e, sympy.Expr) and not is_boolean(e)
+
+
+def _short(e: Any) -> str:
+    s = str(e)
+    return s if len(s) <= 120 else s[:117] + "..."
+
+
+def to_expr(x: Any) -> sympy.Basic:
+    """Convert a Sym / sympy object / Python number / bool to a sympy object (no tensors)."""
+    if isinstance(x, Sym):
+        return x.expr
+    if isinstance(x, BufferProxy):
+        return x._as_sym().expr
+    if isinstance(x, sympy.Basic):
+        return x
+    if isinstance(x, bool):
+        return sympy.true if x else sympy.false
+    if isinstance(x, numbers.Integral):
+        return sympy.Integer(int(x))
+    if isinstance(x, numbers.Real):
+        v = float(x)
+        if math.isnan(v):
+            raise TraceError("NaN constant in a traced expression; expected a finite number or +-inf")
+        if math.isinf(v):
+            return sympy.oo if v > 0 else -sympy.oo
+        return sympy.Float(v)
+    if isinstance(x, torch.Tensor):
+        tracer = _CURRENT.get()
+        if tracer is not None:
+            return tracer.anonymous_proxy(x)._as_sym().expr
+        raise TraceError(
+            f"a torch.Tensor of shape {tuple(x.shape)} was used in a traced expression outside of "
+            "tracing; index a captured tensor with the traced indices (e.g. bias[h, q_idx])"
+        )
+    raise TraceError(
+        f"unsupported value {x!r} of type {type(x).__name__} in a traced expression; expected a "
+        "traced value, a Python number, or an indexed captured tensor"
+    )
+
+
+def as_number(x: Any) -> sympy.Expr:
+    """A numeric sympy expression; booleans become 1/0 like torch's bool -> number promotion."""
+    e = to_expr(x)
+    if is_boolean(e):
+        if e is sympy.true:
+            return sympy.Integer(1)
+        if e is sympy.false:
+            return sympy.Integer(0)
+        return sympy.Piecewise((sympy.Integer(1), e), (sympy.Integer(0), True))
+    if not isinstance(e, sympy.Expr):
+        raise TraceError(f"expected a number expression, got {_short(e)} of type {type(e).__name__}")
+    return e
+
+
+def as_boolean(x: Any, op: str = "&") -> sympy.Basic:
+    e = to_expr(x)
+    if not is_boolean(e):
+        raise TraceError(
+            f"`{op}` combines booleans (comparisons such as q_idx >= kv_idx); got the number "
+            f"expression {_short(e)}; compare it first (e.g. x != 0)"
+        )
+    return e
+
+
+def _eq(a: Any, b: Any) -> sympy.Basic:
+    ea, eb = to_expr(a), to_expr(b)
+    if is_boolean(ea) and is_boolean(eb):
+        return sympy.Equivalent(ea, eb)
+    return sympy.Eq(as_number(a), as_number(b))
+
+
+def _ne(a: Any, b: Any) -> sympy.Basic:
+    ea, eb = to_expr(a), to_expr(b)
+    if is_boolean(ea) and is_boolean(eb):
+        return sympy.Xor(ea, eb)
+    return sympy.Ne(as_number(a), as_number(b))
+
+
+def _binop(f: Callable[[sympy.Expr, sympy.Expr], Any]) -> Callable[[Any, Any], sympy.Basic]:
+    return lambda a, b: f(as_number(a), as_number(b))
+
+
+def _logic(f: Callable[..., sympy.Basic], op: str) -> Callable[[Any, Any], sympy.Basic]:
+    return lambda a, b: f(as_boolean(a, op), as_boolean(b, op))
+
+
+# Python operator name -> symbolic implementation (Sym gets __op__ and, for BINARY_OPS, __rop__)
+BINARY_OPS: dict[str, Callable[[Any, Any], sympy.Basic]] = {
+    "add": _binop(operator.add), "sub": _binop(operator.sub), "mul": _binop(operator.mul),
+    "truediv": _binop(operator.truediv),  # true division: q_idx / 2 is the rational q_idx/2
+    "floordiv": _binop(lambda a, b: sympy.floor(a / b)), "mod": _binop(sympy.Mod),
+    "pow": _binop(operator.pow),
+    "and": _logic(sympy.And, "&"), "or": _logic(sympy.Or, "|"), "xor": _logic(sympy.Xor, "^"),
+}
+COMPARE_OPS: dict[str, Callable[[Any, Any], sympy.Basic]] = {
+    "lt": _binop(sympy.Lt), "le": _binop(sympy.Le), "gt": _binop(sympy.Gt), "ge": _binop(sympy.Ge),
+    "eq": _eq, "ne": _ne,  # == is sympy.Eq (Equivalent for two booleans), never structural equality
+}
+
+
+# ----------------------------------------------------------------------------------- Sym
+class Sym:
+    """A traced value: wraps a sympy expression and records operations applied to it."""
+
+    __slots__ = ("expr",)
+    __hash__ = None  # type: ignore[assignment]  # == builds sympy.Eq, so no structural hashing
+    __array_ufunc__ = None  # numpy scalars on the left defer to our reflected operators
+
+    def __init__(self, expr: Any) -> None:
+        self.expr = to_expr(expr)
+
+    def __repr__(self) -> str:
+        return f"Sym({self.expr})"
+
+    def _sympy_(self) -> sympy.Basic:  # lets sympy functions accept a Sym directly
+        return self.expr
+
+    # + - * / // % ** & | ^ and comparisons are installed from BINARY_OPS / COMPARE_OPS below
+    def __neg__(self) -> Sym: return Sym(-as_number(self))
+    def __pos__(self) -> Sym: return Sym(as_number(self))
+    def __abs__(self) -> Sym: return Sym(sympy.Abs(as_number(self)))
+    def __invert__(self) -> Sym: return Sym(sympy.Not(as_boolean(self, "~")))
+
+    # things that need a concrete value
+    def __bool__(self) -> bool:
+        raise TraceError(
+            "Python control flow (if/and/or/not/while) on a traced value cannot be compiled; got "
+            f"`bool()` of {_short(self.expr)}; use attncompiler.spec.ops.where(cond, a, b) (or "
+            "torch.where) to choose a value, or & / | / ~ instead of and / or / not"
+        )
+
+    def _concrete(self, what: str) -> TraceError:
+        return TraceError(
+            f"`{what}()` of the traced value {_short(self.expr)} cannot be compiled (math.* functions, "
+            "int(), float() and range() need concrete numbers); use torch.* functions or "
+            "attncompiler.spec.ops (tanh, exp, log, ...) on traced values"
+        )
+
+    def __float__(self) -> float: raise self._concrete("float")
+    def __int__(self) -> int: raise self._concrete("int")
+    def __index__(self) -> int: raise self._concrete("index")
+    def __iter__(self) -> Any: raise TraceError(f"cannot iterate over the traced value {_short(self.expr)}")
+
+    def __getattr__(self, attr: str) -> Any:  # tensor-style methods: score.tanh(), x.clamp(min=0)
+        method = _ops().tensor_methods().get(attr)
+        if method is None:
+            raise AttributeError(f"traced values have no attribute {attr!r}")
+        return functools.partial(method, self)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.Tensor.__getitem__:
+            tensor, index = args
+            tracer = _CURRENT.get()
+            if tracer is None:
+                raise TraceError("a tensor was indexed with a traced value outside of tracing")
+            return tracer.anonymous_proxy(tensor)[index]
+        table = _ops().torch_functions()
+        impl = table.get(func)
+        if impl is None:
+            raise TraceError(
+                f"torch function `{getattr(func, '__name__', func)}` is not supported on traced values; "
+                f"supported: {', '.join(sorted({f.__name__ for f in table}))}"
+            )
+        return Sym(impl(*args, **(kwargs or {})))
+
+
+def _install_sym_operators() -> None:
+    for name, f in BINARY_OPS.items():
+        setattr(Sym, f"__{name}__", lambda self, o, f=f: Sym(f(self, o)))
+        setattr(Sym, f"__r{name}__", lambda self, o, f=f: Sym(f(o, self)))
+    for name, f in COMPARE_OPS.items():
+        setattr(Sym, f"__{name}__", lambda self, o, f=f: Sym(f(self, o)))
+
+
+_install_sym_operators()
+
+
+def _ops() -> types.ModuleType:
+    from . import ops  # lazy: ops builds on this module
+
+    return ops
+
+
+# ----------------------------------------------------------------------------------- buffers
+def sanitize_buffer_name(name: str) -> str:
+    """Turn a Python variable name into a C identifier that collides with nothing generated."""
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name) or "buffer"
+    if s[0].isdigit():
+        s = "buf_" + s
+    if s.startswith("_"):
+        s = "buf" + s
+    if s in RESERVED_NAMES:
+        s += "_buf"
+    return s
+
+
+def check_buffer_name(name: Any) -> str:
+    if not isinstance(name, str) or sanitize_buffer_name(name) != name:
+        raise SpecError(
+            f"buffer name: expected a C identifier (letters, digits, '_'; no leading '_' or digit) "
+            f"that is not reserved (such as score, b, h, q_idx, kv_idx, p, buf, exp), got {name!r}; "
+            f"rename it (e.g. {sanitize_buffer_name(str(name))!r})"
+        )
+    return name
+
+
+def _buffer_kind(name: str, t: torch.Tensor) -> str:
+    if t.dtype.is_complex:
+        raise TraceError(f"captured tensor `{name}` has complex dtype {t.dtype}; expected a float, int or bool tensor")
+    return "float" if t.is_floating_point() else "int"
+
+
+class BufferProxy:
+    """Stands in for a captured tensor while tracing; indexing it yields a sympy.Indexed."""
+
+    __slots__ = ("name", "tensor", "_tracer", "_prefix")
+
+    def __init__(self, name: str, tensor: torch.Tensor, tracer: "Tracer", prefix: tuple = ()) -> None:
+        self.name, self.tensor, self._tracer, self._prefix = name, tensor, tracer, prefix
+
+    def __repr__(self) -> str:
+        return f"BufferProxy({self.name!r}, shape={tuple(self.tensor.shape)}, dtype={self.tensor.dtype})"
+
+    shape = property(lambda self: self.tensor.shape[len(self._prefix):])
+    ndim = property(lambda self: self.tensor.dim() - len(self._prefix))
+    dtype = property(lambda self: self.tensor.dtype)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def size(self, d: int | None = None) -> Any:
+        return self.shape if d is None else self.shape[d]
+
+    def __len__(self) -> int:
+        return int(self.shape[0]) if self.ndim else 0
+
+    def __getattr__(self, attr: str) -> Any:
+        # t.float(), t.to(...), t.contiguous(): apply to the real tensor, keep proxying the result
+        value = getattr(self.tensor, attr)
+        if self._prefix or not callable(value):
+            return value
+
+        def call(*a: Any, **k: Any) -> Any:
+            out = value(*a, **k)
+            return BufferProxy(self.name, out, self._tracer) if isinstance(out, torch.Tensor) else out
+        return call
+
+    def _index(self, i: Any, pos: int) -> sympy.Expr:
+        if isinstance(i, (slice, type(None), type(Ellipsis), torch.Tensor, bool, list, tuple)):
+            raise TraceError(
+                f"captured tensor `{self.name}`: index {pos} must be an integer expression of the traced "
+                f"indices (b, h, q_idx, kv_idx), got {i!r} of type {type(i).__name__}; slicing is not supported"
+            )
+        e = to_expr(i)
+        if isinstance(e, sympy.Integer) and e < 0:
+            raise TraceError(
+                f"captured tensor `{self.name}`: expected a non-negative constant index, got {e}; "
+                f"write the position explicitly (e.g. {self.name}.shape[{pos}] - 1)"
+            )
+        if is_boolean(e) or not isinstance(e, sympy.Expr) or e.is_integer is False or e.has(SCORE):
+            raise TraceError(
+                f"captured tensor `{self.name}`: index {pos} must be an integer expression of the traced "
+                f"indices (b, h, q_idx, kv_idx), got {_short(e)}"
+            )
+        return e
+
+    def __getitem__(self, index: Any) -> Any:
+        idx = index if isinstance(index, tuple) else (index,)
+        full = self._prefix + tuple(self._index(i, len(self._prefix) + k) for k, i in enumerate(idx))
+        nd = self.tensor.dim()
+        if nd == 0:
+            raise TraceError(f"captured tensor `{self.name}` is 0-dim; use it as a number (e.g. score * {self.name})")
+        if len(full) > nd:
+            raise TraceError(
+                f"captured tensor `{self.name}` has {nd} dims (shape {tuple(self.tensor.shape)}), "
+                f"expected at most {nd} indices, got {len(full)}"
+            )
+        if len(full) < nd:
+            return BufferProxy(self.name, self.tensor, self._tracer, full)
+        name = self._tracer.register(self.name, self.tensor)
+        e = sympy.Indexed(sympy.IndexedBase(name), *full)
+        return Sym(sympy.Ne(e, 0)) if self.tensor.dtype == torch.bool else Sym(e)
+
+    def _as_sym(self) -> Sym:
+        if self.tensor.dim() == 0 and not self._prefix:
+            name = self._tracer.register(self.name, self.tensor, value=self.tensor.reshape(1))
+            e = sympy.Indexed(sympy.IndexedBase(name), sympy.Integer(0))
+            return Sym(sympy.Ne(e, 0)) if self.tensor.dtype == torch.bool else Sym(e)
+        raise TraceError(
+            f"captured tensor `{self.name}` (shape {tuple(self.tensor.shape)}) must be indexed with the "
+            f"traced indices before use in an expression, e.g. {self.name}[{', '.join(['h', 'q_idx', 'kv_idx'][:max(self.ndim, 1)])}]"
+        )
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        args = tuple(a._as_sym() if isinstance(a, BufferProxy) else a for a in args)
+        return Sym.__torch_function__(func, types_, args, kwargs)
+
+    def __bool__(self) -> bool:
+        return bool(self._as_sym())
+
+
+def _proxy_forward(dunder: str) -> Callable[..., Any]:
+    return lambda self, *a: getattr(self._as_sym(), dunder)(*a)
+
+
+for _d in ("__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
+           "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __neg__ __pos__ __abs__ __lt__ __le__ __gt__ "
+           "__ge__ __eq__ __ne__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __invert__ "
+           "__float__ __int__ __index__").split():
+    setattr(BufferProxy, _d, _proxy_forward(_d))
+BufferProxy.__hash__ = None  # type: ignore[assignment]
+del _d
+
+
+# ----------------------------------------------------------------------------------- tracer
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+_SKIP_MODULES = ("torch", "sympy", "numpy", "builtins", "functools", "attncompiler.spec.ops",
+                 "attncompiler.spec.trace")
+_MAX_DEPTH = 4
+
+
+def _label(fn: Any) -> str:
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    if code is not None:
+        return f"`{name}` ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    return f"`{name}`"
+
+
+def _check_signature(fn: Callable[..., Any], what: str, params: tuple[str, ...]) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: let the call decide
+        return
+    try:
+        sig.bind(*params)
+    except TypeError:
+        got = ", ".join(str(p).split(":")[0].split("=")[0] for p in sig.parameters.values())
+        raise TraceError(f"{what} must take ({', '.join(params)}), got ({got}) in {_label(fn)}") from None
+
+
+class Tracer:
+    """Traces one or more modifiers, sharing buffer names between them.
+
+    ``buffers`` (name -> tensor) are explicit: they bind by variable name (overriding a closure
+    variable or global of that name, or supplying one the function does not define) and by
+    identity (a captured tensor that *is* an explicit buffer takes the explicit name).
+    """
+
+    def __init__(self, buffers: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        items = list((buffers or {}).items()) if isinstance(buffers, Mapping) or buffers is None else list(buffers)
+        self.explicit: dict[str, torch.Tensor] = {}
+        for name, t in items:
+            check_buffer_name(name)
+            if not isinstance(t, torch.Tensor):
+                raise SpecError(f"buffers[{name!r}]: expected a torch.Tensor, got {type(t).__name__}")
+            self.explicit[name] = t
+        self._used: dict[str, torch.Tensor] = {}
+        self._by_id: dict[int, str] = {}
+        self._anon: dict[int, BufferProxy] = {}
+        self._keep: list[Any] = []  # keeps keyed objects alive so ids stay unique
+
+    # -- buffers
+    @property
+    def buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) for every buffer actually read, in first-use order."""
+        return list(self._used.items())
+
+    def register(self, preferred: str, tensor: torch.Tensor, value: torch.Tensor | None = None) -> str:
+        if id(tensor) in self._by_id:
+            return self._by_id[id(tensor)]
+        name = next((n for n, t in self.explicit.items() if t is tensor), None)
+        if name is None:
+            base = sanitize_buffer_name(preferred)
+            taken = set(self._used) | set(self.explicit)
+            name, k = base, 1
+            while name in taken:
+                name, k = f"{base}_{k}", k + 1
+        val = tensor if value is None else value
+        _buffer_kind(name, val)
+        self._used[name] = val
+        self._by_id[id(tensor)] = name
+        self._keep.append(tensor)
+        return name
+
+    def proxy(self, name: str, tensor: torch.Tensor) -> BufferProxy:
+        return BufferProxy(name, tensor, self)
+
+    def anonymous_proxy(self, tensor: torch.Tensor) -> BufferProxy:
+        """Proxy for a tensor reached without a variable name (attribute, container element)."""
+        if id(tensor) not in self._anon:
+            name = self._by_id.get(id(tensor)) or next(
+                (n for n, t in self.explicit.items() if t is tensor), f"buffer{len(self._anon)}")
+            self._anon[id(tensor)] = BufferProxy(name, tensor, self)
+            self._keep.append(tensor)
+        return self._anon[id(tensor)]
+
+    # -- function rewriting
+    def _replace(self, name: str, value: Any, depth: int, memo: dict[int, Any]) -> Any:
+        if name in self.explicit:
+            return self.proxy(name, self.explicit[name])
+        if isinstance(value, torch.Tensor):
+            return self.proxy(name, value)
+        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)) and depth < _MAX_DEPTH:
+            mod = getattr(value, "__module__", None) or ""
+            if not any(mod == m or mod.startswith(m + ".") for m in _SKIP_MODULES):
+                return self.instrument(value, depth + 1, memo)
+        return value
+
+    def instrument(self, fn: Any, depth: int = 0, memo: dict[int, Any] | None = None) -> Any:
+        """``fn`` with captured tensors replaced by BufferProxy (the original if none are)."""
+        memo = {} if memo is None else memo
+        if id(fn) in memo:
+            return memo[id(fn)]
+        memo[id(fn)] = fn
+        out = fn
+        if isinstance(fn, types.MethodType):
+            f = self.instrument(fn.__func__, depth, memo)
+            out = fn if f is fn.__func__ else types.MethodType(f, fn.__self__)
+        elif isinstance(fn, functools.partial):  # tensors among partial's args are named buffer<k>
+            f = self.instrument(fn.func, depth, memo)
+            out = fn if f is fn.func else functools.partial(f, *fn.args, **fn.keywords)
+        elif isinstance(fn, types.FunctionType):
+            out = self._instrument_function(fn, depth, memo)
+        memo[id(fn)] = out
+        return out
+
+    def _instrument_function(self, fn: types.FunctionType, depth: int, memo: dict[int, Any]) -> types.FunctionType:
+        code, changed = fn.__code__, False
+        new_globals: dict[str, Any] = {}
+        for name in _code_names(code):
+            if name in fn.__globals__ or name in self.explicit:
+                old = fn.__globals__.get(name)
+                new = self._replace(name, old, depth, memo)
+                if new is not old:
+                    new_globals[name], changed = new, True
+        cells = []
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                old = cell.cell_contents
+            except ValueError:  # empty cell (recursive helper not yet bound)
+                cells.append(cell)
+                continue
+            new = self._replace(name, old, depth, memo)
+            cells.append(cell if new is old else types.CellType(new))
+            changed |= new is not old
+        defaults, kwdefaults = fn.__defaults__, fn.__kwdefaults__
+        if defaults:  # def mod(score, b, h, q_idx, kv_idx, bias=bias)
+            names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
+            defaults = tuple(self._replace(n, d, depth, memo) if isinstance(d, torch.Tensor) else d
+                             for n, d in zip(names, defaults))
+            changed |= any(a is not b for a, b in zip(defaults, fn.__defaults__))
+        if kwdefaults:
+            kwdefaults = {k: self._replace(k, v, depth, memo) if isinstance(v, torch.Tensor) else v
+                          for k, v in kwdefaults.items()}
+            changed |= any(kwdefaults[k] is not v for k, v in fn.__kwdefaults__.items())
+        if not changed:
+            return fn
+        g = dict(fn.__globals__)
+        g.update(new_globals)
+        new_fn = types.FunctionType(code, g, fn.__name__, defaults, tuple(cells) if cells else None)
+        new_fn.__kwdefaults__ = kwdefaults
+        new_fn.__qualname__ = fn.__qualname__
+        new_fn.__dict__.update(fn.__dict__)
+        return new_fn
+
+    # -- tracing
+    def _call(self, fn: Callable[..., Any], what: str, params: tuple[str, ...], args: list[Sym]) -> sympy.Basic:
+        if not callable(fn):
+            raise TraceError(f"{what}: expected a callable {what}({', '.join(params)}), got {type(fn).__name__}")
+        _check_signature(fn, what, params)
+        token = _CURRENT.set(self)
+        try:
+            out = self.instrument(fn)(*args)
+        except TraceError as e:
+            raise TraceError(f"while tracing {what} {_label(fn)}: {e}") from e
+        except Exception as e:
+            raise TraceError(f"{what} {_label(fn)} raised {type(e).__name__} while tracing: {e}") from e
+        finally:
+            _CURRENT.reset(token)
+        if out is None:
+            raise TraceError(f"{what} {_label(fn)} returned None; expected an expression (missing `return`?)")
+        if isinstance(out, torch.Tensor):
+            raise TraceError(
+                f"{what} {_label(fn)} returned a torch.Tensor of shape {tuple(out.shape)}; expected an "
+                "expression built from its arguments (captured tensors must be indexed with them)"
+            )
+        try:
+            token = _CURRENT.set(self)
+            expr = to_expr(out)
+        except TraceError as e:
+            raise TraceError(f"{what} {_label(fn)} returned an unsupported value: {e}") from e
+        finally:
+            _CURRENT.reset(token)
+        if expr.has(sympy.nan, sympy.zoo):
+            raise TraceError(f"{what} {_label(fn)}: expected a finite expression, got {_short(expr)} (division by zero?)")
+        allowed = set(ALL_SYMBOLS) - ({SCORE} if what == "mask_mod" else set())
+        indexed = expr.atoms(sympy.Indexed)
+        ok = allowed | indexed | {i.base.label for i in indexed}
+        unknown = expr.free_symbols - ok
+        if unknown:
+            raise TraceError(
+                f"{what} {_label(fn)} uses unknown symbols {sorted(map(str, unknown))}; expected only its "
+                f"arguments ({', '.join(params)}) and captured tensors"
+            )
+        return expr
+
+    def trace_score(self, fn: Callable[..., Any]) -> sympy.Expr:
+        expr = self._call(fn, "score_mod", SCORE_MOD_PARAMS, [Sym(s) for s in (SCORE, B, H, Q_IDX, KV_IDX)])
+        if not is_numeric(expr):
+            kind = "boolean" if is_boolean(expr) else type(expr).__name__
+            raise TraceError(
+                f"score_mod must return a number (the modified score), got {kind} expression "
+                f"{_short(expr)} of type {type(expr).__name__}; masks belong in mask_mod"
+            )
+        return expr
+
+    def trace_mask(self, fn: Callable[..., Any]) -> sympy.Basic:
+        expr = self._call(fn, "mask_mod", MASK_MOD_PARAMS, [Sym(s) for s in (B, H, Q_IDX, KV_IDX)])
+        if not is_boolean(expr):
+            raise TraceError(
+                f"mask_mod must return a boolean, got expression {_short(expr)} of type "
+                f"{type(expr).__name__}; compare it (e.g. kv_idx <= q_idx) and combine with & / |"
+            )
+        return simplify_mask(expr)
+
+
+def simplify_mask(expr: sympy.Basic) -> sympy.Basic:
+    """Cheap boolean simplification: relationals stay atoms (deep=False), at most 8 of them."""
+    if isinstance(expr, BooleanFunction) and len(expr.atoms(Relational)) <= 8:
+        return sympy.simplify_logic(expr, deep=False)
+    return expr
+
+
+def trace_score_mod(
+    fn: Callable[..., Any], buffers: Mapping[str, torch.Tensor] | None = None
+) -> tuple[sympy.Expr, list[tuple[str, torch.Tensor]]]:
+    """Trace ``fn(score, b, h, q_idx, kv_idx)``; returns (expression, [(buffer name, tensor)])."""
+    t = Tracer(buffers)
+    return t.trace_score(fn), t.buffers
+
+
+def trace_mask_mod(
+    fn: Callable[..., Any], buffers: Mapping[str, torch.Tensor] | None = None
+) -> tuple[sympy.Basic, list[tuple[str, torch.Tensor]]]:
+    """Trace ``fn(b, h, q_idx, kv_idx)``; returns (boolean expression, [(buffer name, tensor)])."""
+    t = Tracer(buffers)
+    return t.trace_mask(fn), t.buffers
+

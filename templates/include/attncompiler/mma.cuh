@@ -1,0 +1,88 @@
+// attncompiler/mma.cuh -- thin wrappers over the sm_80+ PTX the v2 schedule is built from:
+//   cp.async (16-byte global->shared copies with zero fill), ldmatrix (x4, optionally transposed),
+//   mma.sync m16n8k16 with fp32 accumulators, and ex2.approx.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4*g + t:
+//   A (16x16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B (16x8,  "col"):     b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g]
+//   C (16x8,  fp32):      c0,c1 = C[g][2t..2t+1],  c2,c3 = C[g+8][2t..2t+1]
+// so the C fragments of two adjacent n-tiles of S are exactly the A fragment of P for the next mma.
+#pragma once
+
+namespace ac {
+
+__device__ __forceinline__ unsigned int smem_u32(const void* ptr) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte async copy; when !valid the destination is zero-filled and nothing is read.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ldmatrix from a shared-state-space byte address (keep a per-thread base and add compile-time
+// offsets, so the unrolled loops fold them into the instruction's immediate).
+__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], unsigned int smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], unsigned int smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+
+// D = A * B + D for one m16n8k16 tile, fp32 accumulate.
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
+                                          unsigned int b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// 2^x with flush-to-zero; ex2(-inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Cooperative async copy of a ROWS x COLS tile (COLS % 8 == 0) into padded shared memory
+// (row stride SSTRIDE elements). Rows >= rows_valid are zero-filled.
+template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, typename T>
+__device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long long gstride, int rows_valid,
+                                                int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+  static_assert(COLS % 8 == 0, "tile width must be a multiple of 8 elements (16 bytes)");
+  constexpr int kIters = (kChunks + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = tid + it * NTHREADS;
+    if (kChunks % NTHREADS != 0 && c >= kChunks) break;
+    const int r = c / kChunksPerRow;
+    const int cc = c % kChunksPerRow;
+    const bool valid = r < rows_valid;
+    const T* src = valid ? gmem + r * gstride + cc * 8 : gmem;
+    cp_async_16(smem + r * SSTRIDE + cc * 8, src, valid);
+  }
+}
+
+}  // namespace ac

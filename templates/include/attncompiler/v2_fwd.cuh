@@ -1,0 +1,336 @@
+// attncompiler/v2_fwd.cuh -- FlashAttention-2 forward schedule (sm_80+, mma.sync).
+//
+// Grid (num_q_blocks, B*H): one CTA per BLOCK_M query rows of one (batch, head); the K/V loop runs
+// inside the CTA. NUM_WARPS warps each own 16*MT consecutive query rows (MT = 1 or 2 m16 tiles), so
+// warps never exchange data: the online softmax statistics (m, l) of a row live in the 4 lanes of a
+// quad, and O stays in registers until the single final rescale by 1/l.
+//
+// Per K/V tile j (FlashAttention-2's pipelining with one K and one V buffer):
+//   1. cp.async V_j                 (overlaps the QK^T below)
+//   2. S = Q K_j^T                  (mma.sync m16n8k16, fp32 accumulators)
+//   3. wait V_j; barrier; cp.async K_{j+1}   (overlaps softmax and PV)
+//   4. score_mod, mask, online softmax in the log2 domain, dropout
+//   5. O += P V_j                   (P re-used straight from the S accumulators as A fragments)
+//   6. wait K_{j+1}; barrier
+// Tiles that the mask's tile classifier proves EMPTY are skipped; FULL tiles skip mask evaluation.
+//
+// Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant; Cfg supplies
+// D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS.
+#pragma once
+
+namespace ac {
+
+template <class Cfg>
+struct V2Layout {
+  static constexpr int D = Cfg::D;
+  static constexpr int DV = Cfg::DV;
+  static constexpr int BM = Cfg::BLOCK_M;
+  static constexpr int BN = Cfg::BLOCK_N;
+  static constexpr int W = Cfg::NUM_WARPS;
+  static constexpr int NTHREADS = 32 * W;
+  static constexpr int MT = BM / (16 * W);     // m16 tiles per warp
+  static constexpr int DQO = (D > DV ? D : DV);
+  static constexpr int QS = DQO + 8;           // padded row strides (elements): +16 bytes keeps
+  static constexpr int KS = D + 8;             // ldmatrix's 8 row addresses in distinct banks
+  static constexpr int VS = DV + 8;
+  static constexpr int NT_S = BN / 8;          // n8 tiles of S
+  static constexpr int NT_O = DV / 8;          // n8 tiles of O
+  static constexpr int KT_QK = D / 16;         // k16 steps of Q K^T
+  static constexpr int KT_PV = BN / 16;        // k16 steps of P V
+  static constexpr int kSmemBytes = (BM * QS + BN * KS + BN * VS) * 2;
+
+  static_assert(BM % (16 * W) == 0 && (MT == 1 || MT == 2), "each warp owns 16 or 32 query rows");
+  static_assert(D % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16");
+  static_assert(BN % 16 == 0, "BLOCK_N must be a multiple of 16");
+  static_assert(D <= 256 && DV <= 256, "head dims above 256 are not planned");
+};
+
+template <class Cfg>
+__device__ __forceinline__ int v2_next_block(int j, int nblocks, int b, int h, int q_lo, int q_hi,
+                                             const AttnParams& p, const AttnBuffers& buf) {
+  constexpr int BN = Cfg::BLOCK_N;
+  if constexpr (Variant::kHasMask) {
+    while (j < nblocks) {
+      const int kv_lo = j * BN;
+      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
+      if (Variant::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
+      ++j;
+    }
+  }
+  return j;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& buf) {
+  using L = V2Layout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  constexpr int BM = L::BM, BN = L::BN, MT = L::MT, D = L::D, DV = L::DV;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * L::QS;
+  T* sV = sK + BN * L::KS;
+
+  // Heaviest (for causal: last) query blocks first, so the tail of the grid is short.
+  const int q_block = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y;
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const int h_kv = h / (p.H / p.H_kv);
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  const int q0 = q_block * BM;
+  const int q_rows = min(BM, p.Nq - q0);
+  const int q_hi = q0 + q_rows - 1;
+  const T* gQ = reinterpret_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + (long long)q0 * p.q_sn;
+  const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h_kv * p.k_sh;
+  const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh;
+  T* gO = reinterpret_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + (long long)q0 * p.o_sn;
+
+  const int nblocks = (p.Nk + BN - 1) / BN;
+  int j = v2_next_block<Cfg>(0, nblocks, b, h, q0, q_hi, p, buf);
+
+  // Prologue: Q and the first K tile.
+  load_tile_async<BM, D, L::QS, L::NTHREADS>(sQ, gQ, p.q_sn, q_rows, tid);
+  if (j < nblocks) {
+    load_tile_async<BN, D, L::KS, L::NTHREADS>(sK, gK + (long long)j * BN * p.k_sn, p.k_sn, p.Nk - j * BN, tid);
+  }
+  cp_async_commit();
+
+  float acc_o[MT][L::NT_O][4];
+  float row_max[MT][2];  // running max, log2 domain
+  float row_sum[MT][2];  // running sum, per-thread partial (reduced over the quad at the end)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < L::NT_O; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+    }
+    row_max[mt][0] = row_max[mt][1] = AC_NEG_INF;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  const int warp_row0 = warp * 16 * MT;
+  // Multiplier taking an S value to the log2-domain score: the softmax scale * log2(e), or 1 when
+  // score_mod already produced the log2-domain score.
+  const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
+
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Per-thread ldmatrix base addresses (bytes, shared state space); loops add constants.
+  const unsigned int q_base = smem_u32(sQ + (warp_row0 + (lane & 15)) * L::QS + (lane >> 4) * 8);
+  const unsigned int k_base = smem_u32(sK + ((lane & 7) + (lane >> 4) * 8) * L::KS + ((lane >> 3) & 1) * 8);
+  const unsigned int v_base = smem_u32(sV + ((lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8);
+
+  unsigned int q_frag[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
+  if constexpr (Cfg::Q_IN_REGS) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int kk = 0; kk < L::KT_QK; ++kk) ldmatrix_x4(q_frag[mt][kk], q_base + (mt * 16 * L::QS + kk * 16) * 2);
+    }
+  }
+
+  while (j < nblocks) {
+    const int kv0 = j * BN;
+    const int kv_rows = min(BN, p.Nk - kv0);
+    const int kv_hi = kv0 + kv_rows - 1;
+
+    // (1) V_j in flight while Q K_j^T runs.
+    load_tile_async<BN, DV, L::VS, L::NTHREADS>(sV, gV + (long long)kv0 * p.v_sn, p.v_sn, kv_rows, tid);
+    cp_async_commit();
+
+    // (2) S = Q K_j^T.
+    float acc_s[MT][L::NT_S][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < L::NT_S; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+
+#pragma unroll
+    for (int kk = 0; kk < L::KT_QK; ++kk) {
+      unsigned int a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (Cfg::Q_IN_REGS) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
+        } else {
+          ldmatrix_x4(a[mt], q_base + (mt * 16 * L::QS + kk * 16) * 2);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < L::NT_S / 2; ++np) {
+        unsigned int bk[4];
+        ldmatrix_x4(bk, k_base + (np * 16 * L::KS + kk * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Tr::kIsBf16>(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16816<Tr::kIsBf16>(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    // (3) V_j has landed once every thread's copies completed; the barrier also retires all reads
+    //     of K_j, so K_{j+1} may overwrite it while the softmax and PV run.
+    const int j_next = v2_next_block<Cfg>(j + 1, nblocks, b, h, q0, q_hi, p, buf);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (j_next < nblocks) {
+      load_tile_async<BN, D, L::KS, L::NTHREADS>(sK, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
+                                                 p.Nk - j_next * BN, tid);
+    }
+    cp_async_commit();
+
+    // (4) score_mod, mask, online softmax (log2 domain).
+    int tile = AC_TILE_FULL;
+    if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, q_hi, kv0, kv_hi, p, buf);
+    const bool need_mask = (tile != AC_TILE_FULL) || (kv_rows < BN);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int q_idx = q0 + warp_row0 + mt * 16 + g + 8 * hf;
+        float mx = AC_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+            float x = acc_s[mt][nt][2 * hf + e];
+            if constexpr (Variant::kHasScoreMod) {
+              x = Variant::score_mod(x * p.scale, b, h, q_idx, kv_idx, p, buf) * AC_LOG2E;
+            }
+            if (need_mask) {
+              bool visible = kv_idx < p.Nk;
+              if constexpr (Variant::kHasMask) {
+                if (tile != AC_TILE_FULL) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
+              }
+              if (!visible) x = AC_NEG_INF;
+            }
+            acc_s[mt][nt][2 * hf + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // Scores are kept raw (x * exp_scale is the log2-domain score): the scale folds into the
+        // exp2's FFMA. Scale > 0, so the max commutes with it.
+        const float m_new = fmaxf(row_max[mt][hf], mx * exp_scale);
+        // A row that has seen no visible key keeps m = -inf; use 0 as the reference so that
+        // exp2(-inf - ref) = 0 and never NaN.
+        const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
+        const float alpha = fast_exp2(row_max[mt][hf] - m_ref);
+        row_max[mt][hf] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = fast_exp2(fmaf(acc_s[mt][nt][2 * hf + e], exp_scale, -m_ref));
+            acc_s[mt][nt][2 * hf + e] = pe;
+            sum += pe;
+          }
+        }
+        row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
+#pragma unroll
+        for (int nt = 0; nt < L::NT_O; ++nt) {
+          acc_o[mt][nt][2 * hf] *= alpha;
+          acc_o[mt][nt][2 * hf + 1] *= alpha;
+        }
+      }
+    }
+
+    if constexpr (Variant::kHasDropout) {
+      // One Philox call per (m16, n8) tile and thread covers its four elements (docs/architecture.md).
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int q_idx = q0 + warp_row0 + mt * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) {
+          const int kv_idx = kv0 + nt * 8 + 2 * t;
+          const ac_u32x4 w = ac_dropout_words(p, b, h, q_idx, kv_idx);
+          acc_s[mt][nt][0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          acc_s[mt][nt][1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          acc_s[mt][nt][2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          acc_s[mt][nt][3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        }
+      }
+    }
+
+    // (5) O += P V_j, P taken from the S accumulators (C layout of two n8 tiles = A layout of k16).
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) {
+      unsigned int a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = Tr::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        a[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        a[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        a[mt][3] = Tr::pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < L::NT_O / 2; ++np) {
+        unsigned int bv[4];
+        ldmatrix_x4_trans(bv, v_base + (kk * 16 * L::VS + np * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np], a[mt], bv[0], bv[1]);
+          mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+
+    // (6) K_{j+1} landed; every warp is done with V_j before the next iteration overwrites it.
+    cp_async_wait<0>();
+    __syncthreads();
+    j = j_next;
+  }
+
+  // Epilogue: one rescale by 1/l, stage each warp's own rows through its own rows of sQ, then
+  // 16-byte coalesced stores. LSE = (m + log2 l) * ln 2; empty rows give O = 0, LSE = -inf.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = (l > 0.f) ? 1.f / l : 0.f;
+      const int r = warp_row0 + mt * 16 + g + 8 * hf;
+#pragma unroll
+      for (int nt = 0; nt < L::NT_O; ++nt) {
+        const unsigned int v = Tr::pack2(acc_o[mt][nt][2 * hf] * inv, acc_o[mt][nt][2 * hf + 1] * inv);
+        *reinterpret_cast<unsigned int*>(sQ + r * L::QS + nt * 8 + 2 * t) = v;
+      }
+      if (p.lse != nullptr && t == 0 && r < q_rows) {
+        const float m = row_max[mt][hf];
+        const float lse = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+        p.lse[(long long)bh * p.Nq + q0 + r] = lse;
+      }
+    }
+  }
+  __syncwarp();
+  constexpr int kChunksPerRow = DV / 8;
+  constexpr int kWarpRows = 16 * MT;
+#pragma unroll
+  for (int c = lane; c < kWarpRows * kChunksPerRow; c += 32) {
+    const int r = warp_row0 + c / kChunksPerRow;
+    const int cc = c % kChunksPerRow;
+    if (r < q_rows) {
+      *reinterpret_cast<uint4*>(gO + r * p.o_sn + cc * 8) = *reinterpret_cast<const uint4*>(sQ + r * L::QS + cc * 8);
+    }
+  }
+}
+
+}  // namespace ac

@@ -1,0 +1,358 @@
+"""Tests for attncompiler.plan: targets, the v1 FA1 rule, the v2 tile search and IO reports."""
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attncompiler.plan import (
+    TARGETS, Candidate, PlanError, ProblemDims, TargetError, V1Plan, V2Plan, candidates_v2, detect_target,
+    fa1_block_sizes, format_candidates, format_io_report, get_target, io_report, plan, plan_v1, plan_v2,
+)
+from attncompiler.plan.v1 import v1_smem_bytes
+from attncompiler.plan.v2 import v2_register_estimate, v2_smem_bytes
+
+ALL_TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+# --- targets ---------------------------------------------------------------------------------------
+
+def test_target_table_numbers() -> None:
+    assert set(ALL_TARGETS) <= set(TARGETS)
+    h100 = get_target("sm_90")
+    assert (h100.sm_count, h100.smem_per_sm, h100.max_smem_per_block_optin) == (132, 233472, 232448)
+    assert h100.nvrtc_arch == "sm_90a" and h100.supports_wgmma and h100.supports_tma
+    a100 = get_target("sm_80")
+    assert (a100.sm_count, a100.smem_per_sm, a100.max_smem_per_block_optin) == (108, 167936, 166912)
+    assert not a100.supports_tma and a100.supports_cp_async
+    for name in ("sm_86", "sm_89", "sm_120"):
+        assert get_target(name).max_smem_per_block_optin == 101376
+    for t in TARGETS.values():
+        assert t.smem_per_sm - t.max_smem_per_block_optin == 1024  # the per-block reservation
+        assert t.static_smem_per_block == 49152 and t.registers_per_sm == 65536
+        assert t.max_registers_per_thread == 255 and t.warp_size == 32 and t.supports_cp_async
+        assert t.describe().startswith(t.name)
+    assert not get_target("sm_100").tested and not get_target("sm_120").tested
+
+
+@pytest.mark.parametrize("alias", ["sm_90", "sm_90a", "SM_90A", "90", "9.0", "h100", "H100", "NVIDIA H100",
+                                   "sm90", "compute_90"])
+def test_get_target_aliases(alias: str) -> None:
+    assert get_target(alias).name == "sm_90"
+
+
+@pytest.mark.parametrize("alias,name", [("8.6", "sm_86"), ("a100", "sm_80"), ("RTX 4090", "sm_89"),
+                                        ("100", "sm_100"), ("sm_100a", "sm_100"), ("12.0", "sm_120"),
+                                        ("rtx-5090", "sm_120"), ("86", "sm_86")])
+def test_get_target_more_aliases(alias: str, name: str) -> None:
+    assert get_target(alias).name == name
+    assert get_target(get_target(alias)) is get_target(alias)
+
+
+@pytest.mark.parametrize("bad", ["sm_75", "7.5", "v100", "", "sm_9000"])
+def test_get_target_error_lists_valid_names(bad: str) -> None:
+    with pytest.raises(TargetError) as e:
+        get_target(bad)
+    msg = str(e.value)
+    assert repr(bad) in msg
+    for name in ALL_TARGETS:
+        assert name in msg
+
+
+def test_detect_target_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(TargetError, match="no CUDA device"):
+        detect_target()
+    with pytest.raises(TargetError, match="no CUDA device"):
+        plan(ProblemDims(128))  # target=None means "detect"
+
+
+def _fake_device(monkeypatch: pytest.MonkeyPatch, **props: object) -> None:
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: types.SimpleNamespace(**props))
+
+
+def test_detect_target_overrides_sm_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_device(monkeypatch, major=9, minor=0, name="NVIDIA H100 PCIe", multi_processor_count=114)
+    t = detect_target()
+    assert t.name == "sm_90" and t.sm_count == 114 and t.products[0] == "NVIDIA H100 PCIe"
+    assert t.max_smem_per_block_optin == 232448 and t.nvrtc_arch == "sm_90a"
+
+
+def test_detect_target_unknown_arch_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_device(monkeypatch, major=8, minor=7, name="Orin", multi_processor_count=16)
+    with pytest.warns(UserWarning, match="sm_86"):
+        t = detect_target()
+    assert t.name == "sm_87" and t.nvrtc_arch == "sm_87" and t.sm_count == 16
+    assert t.max_smem_per_block_optin == get_target("sm_86").max_smem_per_block_optin
+
+
+def test_detect_target_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_device(monkeypatch, major=7, minor=5, name="Tesla T4", multi_processor_count=40)
+    with pytest.raises(TargetError, match="sm_80"):
+        detect_target()
+
+
+# --- v1: the FA1 rule -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,d,expected", [
+    (116224, 128, (128, 227)),  # sm_90: 232448 B / 2
+    (83456, 128, (128, 163)),   # sm_80: 166912 B / 2
+    (50688, 64, (64, 198)),     # sm_86: 101376 B / 2
+    (50688, 256, (50, 50)),
+    (1000, 64, (4, 4)),
+    (100, 3, (3, 9)),
+])
+def test_fa1_rule(m: int, d: int, expected: tuple[int, int]) -> None:
+    b_r, b_c = fa1_block_sizes(m, d)
+    assert (b_r, b_c) == expected
+    assert b_c == math.ceil(m / (4 * d)) and b_r == min(b_c, d)
+
+
+def test_v1_reasons_show_the_rule_with_numbers() -> None:
+    p = plan_v1(ProblemDims(128), "sm_90")
+    assert isinstance(p, V1Plan)
+    assert (p.sram_budget_bytes, p.sram_budget_elems, p.fa1_block_r, p.fa1_block_c) == (232448, 116224, 128, 227)
+    text = "\n".join(p.reasons)
+    assert "M = 232448 B / 2 B = 116224 elements" in text
+    assert "B_c = ceil(M / (4d)) = ceil(116224 / (4*128)) = 227" in text
+    assert "B_r = min(ceil(M / (4d)), d) = min(227, 128) = 128" in text
+    # FA1's sizes overflow (the fp32 S tile is extra): B_c shrinks 227 -> 224 -> 208 -> 192
+    assert "265216 B > 232448 B" in text and "shrink B_c to 224" in text
+    assert "shrink B_c to 208" in text and "shrink B_c to 192" in text
+    assert (p.block_r, p.block_c) == (128, 192) and (p.block_m, p.block_n) == (128, 192)
+    assert p.smem_bytes == v1_smem_bytes(128, 192, 128, 128) == 229376 <= 232448
+    assert p.num_threads == 128 and p.num_warps == 4 and p.ctas_per_sm == 1
+    assert "FA1 rule" in p.describe() and "232448" in p.describe()
+
+
+def test_v1_given_budget_shrinks_step_by_step() -> None:
+    p = plan_v1(ProblemDims(64), "sm_90", sram_budget=32768)
+    assert (p.fa1_block_r, p.fa1_block_c) == (64, 64)
+    assert (p.block_r, p.block_c) == (64, 48)
+    text = "\n".join(p.reasons)
+    assert "SRAM budget: 32768 B (given" in text
+    assert "smem = 64*64*2 + 64*64*2 + 64*64*2 + 64*64*4 = 40960 B > 32768 B" in text
+    assert "shrink B_c to 48" in text and "32768 B <= 32768 B: fits" in text
+
+
+def test_v1_shrinks_block_r_after_block_c() -> None:
+    # a budget beyond the hardware limit: FA1 asks for B_r = 256, B_c = 256 (capped), which even at
+    # B_c = 16 overflows sm_86's 101376 B, so B_r shrinks next
+    p = plan_v1(ProblemDims(256), "sm_86", sram_budget=1_000_000)
+    assert (p.fa1_block_r, p.fa1_block_c) == (256, 489)
+    text = "\n".join(p.reasons)
+    assert "B_r=256, B_c=16: smem = 256*256*2 + 16*256*2 + 16*256*2 + 256*16*4 = 163840 B > 101376 B" in text
+    assert "B_c is at its minimum, shrink B_r to 224" in text
+    assert p.block_c == 16 and p.block_r == 128 and p.smem_bytes <= 101376
+
+
+def test_v1_block_r_rounding_and_caps() -> None:
+    p = plan_v1(ProblemDims(256), "sm_86")  # FA1: B_r = 50 -> 32 threads
+    assert p.fa1_block_r == 50 and p.block_r == 32
+    assert any("B_r = 50 -> 32" in r for r in p.reasons)
+    p = plan_v1(ProblemDims(16), "sm_90")  # FA1: B_c = 1816 -> capped at 256
+    assert p.fa1_block_c == 1816 and p.block_c == 256
+    assert any("capped at 256" in r for r in p.reasons)
+
+
+def test_v1_budget_above_limit_and_too_small() -> None:
+    p = plan_v1(ProblemDims(128), "sm_86", sram_budget=232448)
+    assert p.fa1_block_c == 227 and p.smem_bytes <= 101376
+    assert any("exceeds the 101376 B per-block limit" in r for r in p.reasons)
+    with pytest.raises(PlanError, match="no v1 tiling fits"):
+        plan_v1(ProblemDims(128), "sm_90", sram_budget=16384)
+    with pytest.raises(PlanError):
+        plan_v1(ProblemDims(128), "sm_90", sram_budget=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(1, 512), dv=st.integers(1, 512), budget=st.integers(20_000, 300_000),
+       target=st.sampled_from(ALL_TARGETS))
+def test_v1_plans_always_fit(d: int, dv: int, budget: int, target: str) -> None:
+    t = get_target(target)
+    try:
+        p = plan_v1(ProblemDims(d, dv), t, sram_budget=budget)
+    except PlanError as e:
+        assert "no v1 tiling fits" in str(e)
+        assert v1_smem_bytes(32, 16, d, dv) > min(budget, t.max_smem_per_block_optin)
+        return
+    assert p.smem_bytes == v1_smem_bytes(p.block_r, p.block_c, d, dv)
+    assert p.smem_bytes <= min(budget, t.max_smem_per_block_optin)
+    assert p.block_r % 32 == 0 and 32 <= p.block_r <= 1024 and 1 <= p.block_c <= 256
+
+
+# --- v2: the tile search --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_v2_default_is_feasible(target: str, d: int) -> None:
+    t = get_target(target)
+    p = plan_v2(ProblemDims(d), target)
+    assert isinstance(p, V2Plan)
+    assert p.smem_bytes == v2_smem_bytes(p.block_m, p.block_n, d, d) <= t.max_smem_per_block_optin
+    assert p.est_registers_per_thread <= 255
+    assert p.block_m == 16 * p.mt * p.num_warps and p.mt in (1, 2)
+    assert p.num_threads == 32 * p.num_warps <= 1024 and p.ctas_per_sm >= 1
+    r = v2_register_estimate(p.mt, p.block_n, d, d)
+    assert p.est_registers_per_thread == r["o"] + r["s"] + r["overhead"] + (r["q"] if p.q_in_regs else 0)
+    assert any(f"{p.smem_bytes} B" in x for x in p.reasons)
+
+
+def test_v2_lead_defaults_on_sm_90() -> None:
+    p = plan_v2(ProblemDims(128), "sm_90")
+    assert (p.block_m, p.block_n, p.num_warps, p.mt, p.q_in_regs) == (128, 64, 4, 2, False)
+    assert p.smem_bytes == (128 * 136 + 64 * 136 + 64 * 136) * 2 == 69632
+    assert p.est_registers_per_thread == 128 + 64 + 40
+    text = "\n".join(p.reasons)
+    assert "296 > 200" in text  # why Q stays in smem
+    assert "registers ~296/thread > 255" in text  # why BLOCK_N=128 is out
+    p = plan_v2(ProblemDims(64), "sm_90")
+    assert (p.block_m, p.block_n, p.num_warps, p.mt) == (128, 128, 4, 2)
+    p = plan_v2(ProblemDims(256), "sm_90")
+    assert p.mt == 1 and p.block_n in (32, 64) and p.num_warps in (4, 8)
+
+
+def test_v2_sm_86_d256_rejects_big_tiles_with_numbers() -> None:
+    cands = candidates_v2(ProblemDims(256), "sm_86")
+    big = next(c for c in cands if (c.block_m, c.block_n, c.num_warps) == (128, 64, 8))
+    assert not big.accepted
+    assert "smem 135168 B > 101376 B per-block limit on sm_86" in big.reason
+    p = plan_v2(ProblemDims(256), "sm_86")
+    assert p.smem_bytes <= 101376
+    assert any("135168 B > 101376 B" in r for r in p.reasons)
+
+
+def test_v2_candidates_accepted_and_rejected() -> None:
+    cands = candidates_v2(ProblemDims(128), "sm_90")
+    assert len(cands) == 12 and all(isinstance(c, Candidate) for c in cands)
+    acc = [c for c in cands if c.accepted]
+    rej = [c for c in cands if not c.accepted]
+    assert acc and rej
+    assert [c.rank for c in acc] == list(range(1, len(acc) + 1))
+    assert acc[0].config == (128, 64, 4)
+    assert all(c.reason for c in cands)
+    assert all(c.reason.startswith("feasible") for c in acc)
+    assert any("MT = 64 / (16*8) = 0.5" in c.reason for c in rej)
+    assert any("registers ~" in c.reason and "> 255" in c.reason for c in rej)
+    table = format_candidates(cands)
+    assert len(table.splitlines()) == 13 and "BLOCK_M" in table and "NO" in table
+
+
+def test_v2_forced_config() -> None:
+    p = plan_v2(ProblemDims(128), "sm_90", block_m=128, block_n=32, num_warps=4)
+    assert (p.block_m, p.block_n, p.num_warps) == (128, 32, 4)
+    assert any("forced by the caller" in r for r in p.reasons)
+    with pytest.raises(PlanError, match=r"registers ~296/thread > 255"):
+        plan_v2(ProblemDims(128), "sm_90", block_m=128, block_n=128, num_warps=4)
+    with pytest.raises(PlanError, match=r"smem 135168 B > 101376 B per-block limit on sm_86"):
+        plan_v2(ProblemDims(256), "sm_86", block_m=128, block_n=64, num_warps=8)
+    with pytest.raises(PlanError, match=r"BLOCK_M=96 not in \{64, 128\}"):
+        plan_v2(ProblemDims(128), "sm_90", block_m=96)
+    with pytest.raises(PlanError, match=r"MT = 64 / \(16\*8\) = 0.5"):
+        plan_v2(ProblemDims(64), "sm_90", block_m=64, num_warps=8)
+    p = plan_v2(ProblemDims(64), "sm_90", block_n=64)  # partial forcing narrows the search
+    assert p.block_n == 64
+
+
+def test_v2_q_in_regs() -> None:
+    p = plan_v2(ProblemDims(64), "sm_86")
+    assert p.q_in_regs == (p.est_registers_per_thread <= 200)
+    # forcing Q into registers rules out MT=2 at D=128 (128 + 32 + 40 + 64 = 264 > 255)
+    p = plan_v2(ProblemDims(128), "sm_90", q_in_regs=True, block_n=32)
+    assert p.q_in_regs and (p.block_m, p.num_warps, p.mt) == (128, 8, 1)
+    assert p.est_registers_per_thread == 64 + 16 + 40 + 32
+    assert any("registers ~264/thread > 255 with Q in registers" in r for r in p.reasons)
+    with pytest.raises(PlanError, match="with Q in registers"):
+        plan_v2(ProblemDims(128), "sm_90", q_in_regs=True, block_m=128, block_n=64, num_warps=4)
+
+
+@pytest.mark.parametrize("d,dv", [(100, 100), (128, 272), (8, 8)])
+def test_v2_bad_head_dims(d: int, dv: int) -> None:
+    with pytest.raises(PlanError, match="multiple of 16"):
+        plan_v2(ProblemDims(d, dv), "sm_90")
+    assert not any(c.accepted for c in candidates_v2(ProblemDims(d, dv), "sm_90"))
+
+
+def test_v2_different_value_dim() -> None:
+    p = plan_v2(ProblemDims(64, 128), "sm_80")
+    assert p.head_dim_v == 128
+    assert p.smem_bytes == v2_smem_bytes(p.block_m, p.block_n, 64, 128)
+
+
+# --- dispatch --------------------------------------------------------------------------------------
+
+def test_plan_dispatch() -> None:
+    p = plan(ProblemDims(128), "auto", target="sm_90")
+    assert p.schedule == "v2" and "auto" in p.reasons[0]
+    assert plan(ProblemDims(128), "v1", target="h100").schedule == "v1"
+    assert plan(ProblemDims(128), "v1", target="sm_90", sram_budget=65536).sram_budget_bytes == 65536
+    assert plan(ProblemDims(128), "v2", target="sm_90", block_n=32).block_n == 32
+    with pytest.raises(PlanError, match=r"unknown schedule 'v9'; expected one of v1, v2, auto"):
+        plan(ProblemDims(128), "v9", target="sm_90")
+
+
+def test_plan_accepts_ir_like_objects() -> None:
+    ir = types.SimpleNamespace(head_dim=64, head_dim_v=64, dtype="fp16")
+    p = plan(ir, target="sm_80")
+    assert (p.head_dim, p.dtype) == (64, "fp16")
+    with pytest.raises(PlanError):
+        plan(object(), target="sm_80")
+    with pytest.raises(PlanError):
+        ProblemDims(64, dtype="fp32")
+    assert ProblemDims(64).head_dim_v == 64
+
+
+def test_plan_from_attention_ir() -> None:
+    from attncompiler.ir.types import AttentionIR
+    ir = AttentionIR(head_dim=128, head_dim_v=128, dtype="bf16", scale=128 ** -0.5, score_expr=None,
+                     mask_expr=None, dropout_p=0.0)
+    assert plan_v2(ir, "sm_90").block_n == 64
+
+
+# --- IO report -------------------------------------------------------------------------------------
+
+def test_io_report_v2_hand_computed() -> None:
+    p = plan_v2(ProblemDims(64), "sm_90")  # BLOCK_M = BLOCK_N = 128
+    r = io_report(p, 1, 2, 256, 512)
+    # per head: Q 256*64*2, O 256*64*2, K+V Tr=2 passes of 512*(64+64)*2
+    assert r.schedule_bytes == 2 * (256 * 64 * 2 + 256 * 64 * 2 + 2 * 512 * 128 * 2) == 655360
+    assert r.standard_bytes == 2 * ((256 * 64 + 512 * 64 + 512 * 64) * 2 + 4 * 256 * 512 * 2 + 256 * 64 * 2)
+    assert r.standard_bytes == 2490368
+    assert r.flops == 4 * 1 * 2 * 256 * 512 * 64 == 67108864
+    assert r.schedule_intensity == pytest.approx(67108864 / 655360)
+    rc = io_report(p, 1, 2, 256, 512, causal=True)
+    assert rc.flops == 67108864 // 2
+    # bottom-right causal: block 0 sees keys 0..383 (384 rows), block 1 sees all 512
+    kv = next(b for label, b in rc.schedule_terms if label.startswith("K, V"))
+    assert kv == 2 * (384 + 512) * 128 * 2
+    text = format_io_report(r)
+    assert "655360 B" in text and "2490368 B" in text and "standard attention" in text
+    assert "FLOP / byte" in text and "roofline" in text
+
+
+def test_io_report_v1_hand_computed() -> None:
+    p = plan_v1(ProblemDims(64), "sm_90", sram_budget=32768)  # B_c = 48
+    r = io_report(p, 1, 1, 256, 256)
+    tc = 6  # ceil(256 / 48)
+    expected = (256 * 128 * 2             # K, V once
+                + tc * 256 * 64 * 2       # Q_i per pass
+                + tc * 256 * 64 * 4 * 2   # O_i fp32 read + write per pass
+                + tc * 2 * 256 * 4 * 2    # l_i, m_i
+                + 256 * 64 * 2)           # final O
+    assert r.schedule_bytes == expected == 1105920
+    assert "Theta(N^2 d^2 / M)" in r.schedule_order
+    assert "v1 (FA1)" in format_io_report(r)
+
+
+def test_io_report_validates_sizes() -> None:
+    p = plan_v2(ProblemDims(64), "sm_90")
+    with pytest.raises(PlanError):
+        io_report(p, 0, 1, 16, 16)
