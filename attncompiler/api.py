@@ -88,7 +88,10 @@ class CompiledAttention:
         seed: int | None = None,
         offset: int = 0,
         buffers: Mapping[str, torch.Tensor] | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run the kernel.  ``out`` (B, H, Nq, DV), if given, is written in place (any strides with a
+        contiguous, 16-byte aligned head dim); ``buffers`` override the spec's captured tensors."""
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
             raise NotImplementedError(
                 "attncompiler kernels are forward-only in this version: expected inputs without requires_grad "
@@ -107,7 +110,16 @@ class CompiledAttention:
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
         # Output in q's memory layout (B,H,N,d or B,N,H,d).
-        if q.stride(1) < q.stride(2):  # heads inner: (B, N, H, d) storage
+        if out is not None:
+            want = (dims.B, dims.H, dims.Nq, dims.DV)
+            if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
+                raise InputError(f"out: expected {want} {q.dtype} on {q.device}, got {tuple(out.shape)} "
+                                 f"{out.dtype} on {out.device}")
+            if out.numel() and (out.stride(-1) != 1 or any(s_ % 8 for s_ in out.stride()[:3]) or out.data_ptr() % 16):
+                raise InputError(f"out: expected a contiguous head dim and 16-byte aligned rows, got strides "
+                                 f"{out.stride()}")
+            o = out
+        elif q.stride(1) < q.stride(2):  # heads inner: (B, N, H, d) storage
             o = torch.empty(dims.B, dims.Nq, dims.H, dims.DV, device=q.device, dtype=q.dtype).transpose(1, 2)
         else:
             o = torch.empty(dims.B, dims.H, dims.Nq, dims.DV, device=q.device, dtype=q.dtype)

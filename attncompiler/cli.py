@@ -117,8 +117,13 @@ def _cmd_run(args) -> int:
     if not torch.cuda.is_available():
         from .runtime.compiler import CompileError, compile_with_nvcc
 
-        print(f"\nno CUDA device: rendered {len(ks.source.splitlines())} lines of CUDA "
-              f"(`attncompiler show {args.spec}` prints them); compiling offline with nvcc for {ks.arch} ...")
+        src = ks.source
+        hooks = src[src.index("struct Variant {"):]
+        hooks = hooks[: hooks.index("\n};") + 3]
+        print(f"\nno CUDA device: the variant's hooks in the generated CUDA "
+              f"({len(src.splitlines())} lines in all; `attncompiler show {args.spec}` prints them):\n")
+        print(hooks)
+        print(f"\ncompiling offline with nvcc for {ks.arch} ...")
         try:
             rep = compile_with_nvcc(ks.source, ks.arch)
         except CompileError as e:

@@ -38,8 +38,10 @@ PHILOX_W1 = 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
 _MASK16 = 0xFFFF
 _ROUNDS = 10
-# Elements (B*H*rows*Nk) of keep mask produced per internal chunk; bounds the int64 temporaries.
-_CHUNK_ELEMS = 1 << 22
+# Keep bits produced per internal block.  On the CPU the int64 temporaries (a quarter as many
+# counters) should stay small enough to be reused by the allocator instead of page-faulted anew.
+_CHUNK_ELEMS_CPU = 1 << 18
+_CHUNK_ELEMS_CUDA = 1 << 24
 
 Word = Union[torch.Tensor, int]
 
@@ -56,19 +58,32 @@ def _check_word(name: str, x: Word) -> Word:
     return x
 
 
-def _mulhilo(m: Word, x: Word) -> tuple[Word, Word]:
-    """(hi, lo) 32-bit halves of the 64-bit product m * x of two uint32 values, in int64.
+def _mulhilo(m: int, x: Word) -> tuple[Word, Word]:
+    """(hi, lo) 32-bit halves of the 64-bit product m * x of a uint32 constant and uint32 values.
 
-    x is split into 16-bit halves: m * x_lo and m * x_hi are below 2**48, and the recombination
-    never exceeds 2**49, so nothing overflows signed 64-bit arithmetic."""
-    x_lo = x & _MASK16
-    x_hi = x >> 16
-    p_lo = m * x_lo                      # < 2**48
-    p_hi = m * x_hi                      # < 2**48; contributes p_hi * 2**16
-    t = p_lo + ((p_hi & _MASK16) << 16)  # < 2**49
-    lo = t & _MASK32
-    hi = (p_hi >> 16) + (t >> 32)        # < 2**32 because m * x < 2**64
-    return hi, lo
+    m is split into 16-bit halves: m_lo * x and m_hi * x are below 2**48 and the recombination
+    stays below 2**49, so nothing overflows signed 64-bit arithmetic.  The temporaries are fresh,
+    so they are updated in place (large CPU tensors are mostly allocation cost)."""
+    p_lo = (m & _MASK16) * x             # < 2**48
+    p_hi = (m >> 16) * x                 # < 2**48; contributes p_hi * 2**16
+    if not isinstance(p_hi, torch.Tensor):
+        t = p_lo + ((p_hi & _MASK16) << 16)
+        return (p_hi >> 16) + (t >> 32), t & _MASK32
+    t = (p_hi & _MASK16).bitwise_left_shift_(16).add_(p_lo)    # < 2**49
+    hi = p_hi.bitwise_right_shift_(16).add_(t >> 32)           # < 2**32 because m * x < 2**64
+    return hi, t.bitwise_and_(_MASK32)
+
+
+def _xor3(fresh: Word, a: Word, key: Word) -> Word:
+    """fresh ^ a ^ key, updating ``fresh`` (a temporary of this module) in place where shapes allow."""
+    if not isinstance(fresh, torch.Tensor):
+        return fresh ^ a ^ key
+    for other in (a, key):
+        if isinstance(other, torch.Tensor) and other.shape != fresh.shape:
+            fresh = fresh ^ other  # broadcasting grows the shape: a new tensor
+        else:
+            fresh.bitwise_xor_(other)
+    return fresh
 
 
 def philox4x32_10(c0: Word, c1: Word, c2: Word, c3: Word, k0: Word, k1: Word) -> tuple[Word, Word, Word, Word]:
@@ -86,7 +101,7 @@ def philox4x32_10(c0: Word, c1: Word, c2: Word, c3: Word, k0: Word, k1: Word) ->
             k1 = (k1 + PHILOX_W1) & _MASK32
         hi0, lo0 = _mulhilo(PHILOX_M0, c0)
         hi1, lo1 = _mulhilo(PHILOX_M1, c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        c0, c1, c2, c3 = _xor3(hi1, c1, k0), lo1, _xor3(hi0, c3, k1), lo0
     return c0, c1, c2, c3
 
 
@@ -108,19 +123,21 @@ def _check_index(name: str, v: int, lo: int = 0) -> int:
     return v
 
 
-def _keep_rows(BH: int, Nk: int, q0: int, q1: int, key: tuple[int, int], c3: int, threshold: int,
-               device: torch.device) -> torch.Tensor:
-    """Keep bits (BH, q1 - q0, Nk) for query rows [q0, q1): one Philox call per counter."""
+def _keep_block(bh0: int, bh1: int, q0: int, q1: int, Nk: int, key: tuple[int, int], c3: int, threshold: int,
+                device: torch.device) -> torch.Tensor:
+    """Keep bits (bh1 - bh0, q1 - q0, Nk) of heads b*H+h in [bh0, bh1) and rows [q0, q1).
+
+    One Philox call per distinct counter: rows q and q^8 share c0, keys k and k^1 share c1."""
     rows = torch.arange(q0, q1, dtype=torch.int64, device=device)
     c0_unique, row_pos = torch.unique(rows & ~8, sorted=True, return_inverse=True)
     nk2 = (Nk + 1) // 2
     c0 = c0_unique.view(1, -1, 1)
     c1 = torch.arange(nk2, dtype=torch.int64, device=device).view(1, 1, -1)
-    c2 = torch.arange(BH, dtype=torch.int64, device=device).view(-1, 1, 1)
-    words = torch.stack(torch.broadcast_tensors(*philox4x32_10(c0, c1, c2, c3, key[0], key[1])), dim=-1)
-    keep = words < threshold                               # (BH, nc0, nk2, 4): index = half*2 + (k&1)
-    nc0 = keep.shape[1]
-    keep = keep.view(BH, nc0, nk2, 2, 2).permute(0, 1, 3, 2, 4).reshape(BH, nc0 * 2, nk2 * 2)
+    c2 = torch.arange(bh0, bh1, dtype=torch.int64, device=device).view(-1, 1, 1)
+    words = torch.broadcast_tensors(*philox4x32_10(c0, c1, c2, c3, key[0], key[1]))
+    keep = torch.stack([w < threshold for w in words], dim=-1)  # (nbh, nc0, nk2, 4): half*2 + (k&1)
+    nbh, nc0 = keep.shape[:2]
+    keep = keep.view(nbh, nc0, nk2, 2, 2).permute(0, 1, 3, 2, 4).reshape(nbh, nc0 * 2, nk2 * 2)
     half = (rows >> 3) & 1
     return keep[:, row_pos * 2 + half, :Nk]
 
@@ -164,11 +181,18 @@ def dropout_keep_mask(
         return out.view(B, H, q_end - q_start, Nk)
     key = (seed & _MASK32, seed >> 32)
     c3 = offset & _MASK32
-    # Rows per chunk: a multiple of 16 so that q and q^8 (which share a counter) land together.
-    rows = max(16, (_CHUNK_ELEMS // max(1, B * H * Nk)) // 16 * 16)
+    # Blocks of whole 16-row groups (q and q^8 share a counter), split over heads if still too big.
+    budget = _CHUNK_ELEMS_CUDA if device.type == "cuda" else _CHUNK_ELEMS_CPU
+    BH = B * H
+    if 16 * BH * Nk <= budget:
+        bh_step, rows = BH, budget // (BH * Nk) // 16 * 16
+    else:
+        bh_step, rows = max(1, budget // (16 * max(1, Nk))), 16
     r0 = q_start
     while r0 < q_end:
         r1 = min(q_end, (r0 // 16) * 16 + rows)
-        out[:, r0 - q_start:r1 - q_start] = _keep_rows(B * H, Nk, r0, r1, key, c3, threshold, device)
+        for bh0 in range(0, BH, bh_step):
+            bh1 = min(BH, bh0 + bh_step)
+            out[bh0:bh1, r0 - q_start:r1 - q_start] = _keep_block(bh0, bh1, r0, r1, Nk, key, c3, threshold, device)
         r0 = r1
     return out.view(B, H, q_end - q_start, Nk)

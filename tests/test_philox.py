@@ -117,10 +117,12 @@ def test_keep_mask_row_blocks_and_internal_chunks(monkeypatch):
     for q0, q1 in [(0, 77), (3, 40), (8, 9), (16, 32), (70, 77), (5, 5)]:
         part = dropout_keep_mask(2, 2, 77, 31, seed=5, offset=3, p=0.4, q_start=q0, q_end=q1)
         assert torch.equal(part, full[:, :, q0:q1])
-    monkeypatch.setattr(ph, "_CHUNK_ELEMS", 1)  # 16-row internal chunks
-    assert torch.equal(dropout_keep_mask(2, 2, 77, 31, seed=5, offset=3, p=0.4), full)
-    part = dropout_keep_mask(2, 2, 77, 31, seed=5, offset=3, p=0.4, q_start=13, q_end=61)
-    assert torch.equal(part, full[:, :, 13:61])
+    # 32-row blocks over all heads; 16-row blocks split over heads (2 or 1 at a time)
+    for budget in (32 * 4 * 31, 16 * 2 * 31, 1):
+        monkeypatch.setattr(ph, "_CHUNK_ELEMS_CPU", budget)
+        assert torch.equal(dropout_keep_mask(2, 2, 77, 31, seed=5, offset=3, p=0.4), full)
+        part = dropout_keep_mask(2, 2, 77, 31, seed=5, offset=3, p=0.4, q_start=13, q_end=61)
+        assert torch.equal(part, full[:, :, 13:61])
 
 
 def test_keep_mask_depends_on_seed_offset_and_only_low_offset_bits():

@@ -163,6 +163,11 @@ def test_v1_block_r_rounding_and_caps() -> None:
     assert any("capped at 256" in r for r in p.reasons)
 
 
+def test_v1_head_dim_must_be_multiple_of_8() -> None:
+    with pytest.raises(PlanError, match="multiples of 8"):
+        plan_v1(ProblemDims(100), "sm_90")
+
+
 def test_v1_budget_above_limit_and_too_small() -> None:
     p = plan_v1(ProblemDims(128), "sm_86", sram_budget=232448)
     assert p.fa1_block_c == 227 and p.smem_bytes <= 101376
@@ -174,7 +179,7 @@ def test_v1_budget_above_limit_and_too_small() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(d=st.integers(1, 512), dv=st.integers(1, 512), budget=st.integers(20_000, 300_000),
+@given(d=st.integers(1, 64).map(lambda x: 8 * x), dv=st.integers(1, 64).map(lambda x: 8 * x), budget=st.integers(20_000, 300_000),
        target=st.sampled_from(ALL_TARGETS))
 def test_v1_plans_always_fit(d: int, dv: int, budget: int, target: str) -> None:
     t = get_target(target)
@@ -342,12 +347,18 @@ def test_io_report_v1_hand_computed() -> None:
     p = plan_v1(ProblemDims(64), "sm_90", sram_budget=32768)  # B_c = 48
     r = io_report(p, 1, 1, 256, 256)
     tc = 6  # ceil(256 / 48)
-    expected = (256 * 128 * 2             # K, V once
+    expected = (256 * 66 * 4              # workspace init: O, l, m
+                + 256 * 128 * 2           # K, V once
                 + tc * 256 * 64 * 2       # Q_i per pass
                 + tc * 256 * 64 * 4 * 2   # O_i fp32 read + write per pass
                 + tc * 2 * 256 * 4 * 2    # l_i, m_i
-                + 256 * 64 * 2)           # final O
-    assert r.schedule_bytes == expected == 1105920
+                + 256 * 64 * (4 + 2))     # final pass: read fp32 O, write bf16 O
+    assert r.schedule_bytes == expected == 1105920 + 256 * 66 * 4 + 256 * 64 * 4
+    # causal, Nq = Nk = 256, B_r = 64, B_c = 48: query block i (rows 64i..64i+63) sees K/V blocks
+    # j <= (64i + 63) // 48, i.e. 2, 3, 4, 6 of the 6 blocks
+    rc = io_report(p, 1, 1, 256, 256, causal=True)
+    q_term = next(b for label, b in rc.schedule_terms if label.startswith("Q_i"))
+    assert q_term == 64 * (2 + 3 + 4 + 6) * 64 * 2
     assert "Theta(N^2 d^2 / M)" in r.schedule_order
     assert "v1 (FA1)" in format_io_report(r)
 

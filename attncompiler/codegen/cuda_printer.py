@@ -38,7 +38,7 @@ from fractions import Fraction
 from typing import Literal, NamedTuple
 
 import sympy
-from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
+from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN, SCORE
 
@@ -294,14 +294,15 @@ class _Emitter:
         if isinstance(e, sympy.And) or isinstance(e, sympy.Or):
             op, prec = (" && ", _AND) if isinstance(e, sympy.And) else (" || ", _OR)
             outs = [self.as_bool(self.p(a)) for a in sorted(e.args, key=sympy.default_sort_key)]
-            return _Out(op.join(_wrap(o, prec + 1) for o in outs), "bool", prec)
+            # parenthesize && inside || (and anything weaker inside &&), as -Wparentheses wants
+            return _Out(op.join(_wrap(o, _AND + 1) for o in outs), "bool", prec)
         if isinstance(e, sympy.Not):
             return _Out("!" + _wrap(self.as_bool(self.p(e.args[0])), _UNARY), "bool", _UNARY)
         if isinstance(e, sympy.Xor):
             outs = [self.as_bool(self.p(a)) for a in sorted(e.args, key=sympy.default_sort_key)]
             acc = outs[0]
             for o in outs[1:]:
-                acc = _Out(f"{_wrap(acc, _EQ)} != {_wrap(o, _REL)}", "bool", _EQ)
+                acc = _Out(f"{_wrap(acc, _ADD)} != {_wrap(o, _ADD)}", "bool", _EQ)
             return acc
         if isinstance(e, sympy.core.relational.Relational) and e.rel_op in _REL_PREC:
             return self._relational(e)

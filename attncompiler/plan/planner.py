@@ -118,6 +118,24 @@ def _check_size(label: str, x: Any) -> int:
     return x
 
 
+def _v1_pair_rows(nq: int, nk: int, br: int, bc: int, causal: bool) -> int:
+    """Sum over the v1 kernel's (K/V block j, Q block i) pairs of the Q block's rows.
+
+    Without a mask that is Tc * Nq; under the bottom-right causal mask, tiles the mask empties are
+    skipped by the kernel (no Q_i, O_i, l_i, m_i traffic)."""
+    tc = -(-nk // bc)
+    total = 0
+    for i in range(-(-nq // br)):
+        rows = min(nq, (i + 1) * br) - i * br
+        if not causal:
+            total += rows * tc
+            continue
+        last_key = min(nq, (i + 1) * br) - 1 + (nk - nq)
+        if last_key >= 0:
+            total += rows * min(tc, last_key // bc + 1)
+    return total
+
+
 def _v2_causal_kv_rows(nq: int, nk: int, bm: int, bn: int) -> int:
     """K/V rows one head's query blocks read under a bottom-right causal mask (empty tiles skipped)."""
     total = 0
@@ -132,9 +150,10 @@ def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False
     """Predicted HBM bytes (standard attention vs. ``plan``'s kernel) and FLOPs for one problem.
 
     standard: read Q, K, V; write S, read S, write P, read P (each Nq x Nk in the element dtype);
-    write O.  v1 (FA1 Algorithm 1, Theorem 2: Theta(N^2 d^2 / M)): K, V read once; each of the
-    Tc = ceil(Nk / B_c) passes reads Q and reads + writes the fp32 O, l, m workspace; O written
-    once in the element dtype.  v2: Q read and O written once; K and V read once per query block,
+    write O.  v1 (FA1 Algorithm 1, Theorem 2: Theta(N^2 d^2 / M)): the fp32 O, l, m workspace
+    initialized; K, V read once; each of the Tc = ceil(Nk / B_c) passes reads Q and reads + writes
+    O, l, m (under ``causal`` only for the tiles the mask leaves non-empty); a final pass reads the
+    fp32 O and writes it in the element dtype.  v2: Q read and O written once; K and V read once per query block,
     Tr = ceil(Nq / BLOCK_M) times (under ``causal`` only up to the diagonal, at BLOCK_N granularity).
     The optional lse output (Nq fp32 per head) is left out of every count.
     """
@@ -153,18 +172,21 @@ def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False
     notes: list[str] = []
     if isinstance(plan, V1Plan):
         tc = -(-Nk // plan.block_c)
+        rows = _v1_pair_rows(Nq, Nk, plan.block_r, plan.block_c, causal)  # sum of Q rows over (j, i) pairs
+        pairs = f"{rows} = Tc*Nq = {tc}*{Nq}" if not causal else f"{rows}, non-empty causal tiles only"
         sched: Terms = (
-            ("K, V read once", bh * Nk * (d + dv) * e),
-            (f"Q_i read per (j, i) pair: Tc={tc} passes", bh * tc * Nq * d * e),
-            (f"O_i fp32 read + written per pair: Tc={tc}", bh * tc * Nq * dv * 4 * 2),
-            (f"l_i, m_i fp32 read + written per pair: Tc={tc}", bh * tc * 2 * Nq * 4 * 2),
-            ("O written (element dtype)", bh * Nq * dv * e),
+            ("workspace init (A1 line 2): O, l, m fp32 written", bh * Nq * (dv + 2) * 4),
+            ("K_j, V_j read once", bh * Nk * (d + dv) * e),
+            (f"Q_i read per (j, i) pair: rows {pairs}", bh * rows * d * e),
+            ("O_i fp32 read + written per pair", bh * rows * dv * 4 * 2),
+            ("l_i, m_i fp32 read + written per pair", bh * rows * 2 * 4 * 2),
+            ("final pass: O fp32 read, O written (element dtype)", bh * Nq * dv * (4 + e)),
         )
         m = plan.sram_budget_elems
         order = (f"Theta(N^2 d^2 / M): Nq*Nk*d^2/M = {Nq}*{Nk}*{d}^2/{m} = {Nq * Nk * d * d / m:.4g} "
                  f"elements per head")
         if causal:
-            notes.append("v1 and standard counts do not skip masked blocks")
+            notes.append("standard counts do not skip masked blocks")
     elif isinstance(plan, V2Plan):
         tr = -(-Nq // plan.block_m)
         if causal:

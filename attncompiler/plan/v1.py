@@ -20,10 +20,11 @@ from .targets import Target
 __all__ = [
     "V1Plan", "plan_v1", "fa1_block_sizes", "v1_smem_bytes",
     "V1_MIN_BLOCK_R", "V1_MAX_BLOCK_R", "V1_BLOCK_R_MULTIPLE", "V1_MAX_BLOCK_C", "V1_BLOCK_C_STEP",
-    "V1_MIN_BLOCK_C", "V1_S_TILE_ELEM_BYTES", "V1_EST_REGISTERS",
+    "V1_MIN_BLOCK_C", "V1_S_TILE_ELEM_BYTES", "V1_EST_REGISTERS", "V1_HEAD_DIM_MULTIPLE",
 ]
 
 # --- facts of the v1 kernel ------------------------------------------------------------------
+V1_HEAD_DIM_MULTIPLE = 8  # D and DV rows are loaded 16 bytes (8 elements) at a time
 V1_BLOCK_R_MULTIPLE = 32  # one thread per query row, whole warps: B_r is a multiple of the warp size
 V1_MIN_BLOCK_R = 32  # at least one warp
 V1_MAX_BLOCK_R = 1024  # threads per block (CUDA limit)
@@ -86,6 +87,9 @@ def plan_v1(ir_or_dims: Any, target: Target | str | None, sram_budget: int | Non
     t = resolve_target(target)
     d, dv, eb = dims.head_dim, dims.head_dim_v, elem_bytes(dims.dtype)
     reasons: list[str] = []
+    if d % V1_HEAD_DIM_MULTIPLE or dv % V1_HEAD_DIM_MULTIPLE:
+        raise PlanError(f"v1 cannot tile head_dim={d}, head_dim_v={dv}: both must be multiples of "
+                        f"{V1_HEAD_DIM_MULTIPLE} (the v1 kernel moves rows 16 bytes at a time)")
 
     limit = t.max_smem_per_block_optin
     if sram_budget is None:

@@ -215,6 +215,15 @@ def torch_functions() -> dict[Any, Callable[..., sympy.Basic]]:
         t.logical_and: _binary("and"), t.logical_or: _binary("or"), t.logical_xor: _binary("xor"),
         t.logical_not: lambda input: sympy.Not(as_boolean(input, "logical_not")),
     }
+    # the same as Tensor methods (a tensor on the left: `t.mul(s)`, `t * s` -> Tensor.mul)
+    for fn, impl in list(table.items()):
+        method = getattr(torch.Tensor, fn.__name__, None)
+        if method is not None:
+            table[method] = impl
+    for op, f in BINARY_OPS.items():
+        for dunder, g in ((f"__{op}__", f), (f"__r{op}__", lambda a, b, f=f: f(b, a))):
+            if hasattr(torch.Tensor, dunder):
+                table[getattr(torch.Tensor, dunder)] = g
     return table
 
 

@@ -18,6 +18,7 @@ buffer (a run-time scalar, e.g. a learnable temperature).
 """
 from __future__ import annotations
 
+import builtins
 import contextvars
 import functools
 import inspect
@@ -31,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import sympy
 import torch
-from sympy.logic.boolalg import Boolean, BooleanAtom, BooleanFunction
+from sympy.logic.boolalg import BooleanAtom, BooleanFunction
 from sympy.core.relational import Relational
 
 from .symbols import ALL_SYMBOLS, B, H, KV_IDX, Q_IDX, SCORE
@@ -87,7 +88,8 @@ def _short(e: Any) -> str:
 
 
 def to_expr(x: Any) -> sympy.Basic:
-    """Convert a Sym / sympy object / Python number / bool to a sympy object (no tensors)."""
+    """A sympy object from a Sym, sympy object, Python number or bool (or, while tracing, a tensor
+    reached without a name, which becomes an anonymous buffer)."""
     if isinstance(x, Sym):
         return x.expr
     if isinstance(x, BufferProxy):
@@ -104,6 +106,8 @@ def to_expr(x: Any) -> sympy.Basic:
             raise TraceError("NaN constant in a traced expression; expected a finite number or +-inf")
         if math.isinf(v):
             return sympy.oo if v > 0 else -sympy.oo
+        if v.is_integer() and builtins.abs(v) < 2**24:  # 30.0 -> 30: exact, and 30*tanh(score/30)
+            return sympy.Integer(int(v))
         return sympy.Float(v)
     if isinstance(x, torch.Tensor):
         tracer = _CURRENT.get()
@@ -206,8 +210,8 @@ class Sym:
     def __bool__(self) -> bool:
         raise TraceError(
             "Python control flow (if/and/or/not/while) on a traced value cannot be compiled; got "
-            f"`bool()` of {_short(self.expr)}; use attncompiler.spec.ops.where(cond, a, b) (or "
-            "torch.where) to choose a value, or & / | / ~ instead of and / or / not"
+            f"`bool()` of {_short(self.expr)}; use attncompiler.ops.where(cond, a, b) (or torch.where) "
+            "to choose a value, or & / | / ~ instead of and / or / not"
         )
 
     def _concrete(self, what: str) -> TraceError:
@@ -334,10 +338,10 @@ class BufferProxy:
                 f"indices (b, h, q_idx, kv_idx), got {i!r} of type {type(i).__name__}; slicing is not supported"
             )
         e = to_expr(i)
-        if isinstance(e, sympy.Integer) and e < 0:
+        if isinstance(e, sympy.Integer) and not 0 <= int(e) < self.tensor.shape[pos]:
             raise TraceError(
-                f"captured tensor `{self.name}`: expected a non-negative constant index, got {e}; "
-                f"write the position explicitly (e.g. {self.name}.shape[{pos}] - 1)"
+                f"captured tensor `{self.name}`: expected a constant index in [0, {self.tensor.shape[pos]}) "
+                f"for dim {pos}, got {e}; write the position explicitly (e.g. {self.name}.shape[{pos}] - 1)"
             )
         if is_boolean(e) or not isinstance(e, sympy.Expr) or e.is_integer is False or e.has(SCORE):
             raise TraceError(
@@ -348,15 +352,15 @@ class BufferProxy:
 
     def __getitem__(self, index: Any) -> Any:
         idx = index if isinstance(index, tuple) else (index,)
-        full = self._prefix + tuple(self._index(i, len(self._prefix) + k) for k, i in enumerate(idx))
-        nd = self.tensor.dim()
+        nd, k0 = self.tensor.dim(), len(self._prefix)
         if nd == 0:
             raise TraceError(f"captured tensor `{self.name}` is 0-dim; use it as a number (e.g. score * {self.name})")
-        if len(full) > nd:
+        if k0 + len(idx) > nd:
             raise TraceError(
                 f"captured tensor `{self.name}` has {nd} dims (shape {tuple(self.tensor.shape)}), "
-                f"expected at most {nd} indices, got {len(full)}"
+                f"expected at most {nd} indices, got {k0 + len(idx)}"
             )
+        full = self._prefix + tuple(self._index(i, k0 + k) for k, i in enumerate(idx))
         if len(full) < nd:
             return BufferProxy(self.name, self.tensor, self._tracer, full)
         name = self._tracer.register(self.name, self.tensor)
@@ -386,10 +390,8 @@ def _proxy_forward(dunder: str) -> Callable[..., Any]:
     return lambda self, *a: getattr(self._as_sym(), dunder)(*a)
 
 
-for _d in ("__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
-           "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __neg__ __pos__ __abs__ __lt__ __le__ __gt__ "
-           "__ge__ __eq__ __ne__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __invert__ "
-           "__float__ __int__ __index__").split():
+for _d in ([f"__{n}__" for n in (*BINARY_OPS, *COMPARE_OPS)] + [f"__r{n}__" for n in BINARY_OPS]
+           + "__neg__ __pos__ __abs__ __invert__ __float__ __int__ __index__".split()):
     setattr(BufferProxy, _d, _proxy_forward(_d))
 BufferProxy.__hash__ = None  # type: ignore[assignment]
 del _d
@@ -562,24 +564,16 @@ class Tracer:
         token = _CURRENT.set(self)
         try:
             out = self.instrument(fn)(*args)
-        except TraceError as e:
-            raise TraceError(f"while tracing {what} {_label(fn)}: {e}") from e
-        except Exception as e:
-            raise TraceError(f"{what} {_label(fn)} raised {type(e).__name__} while tracing: {e}") from e
-        finally:
-            _CURRENT.reset(token)
-        if out is None:
-            raise TraceError(f"{what} {_label(fn)} returned None; expected an expression (missing `return`?)")
-        if isinstance(out, torch.Tensor):
-            raise TraceError(
-                f"{what} {_label(fn)} returned a torch.Tensor of shape {tuple(out.shape)}; expected an "
-                "expression built from its arguments (captured tensors must be indexed with them)"
-            )
-        try:
-            token = _CURRENT.set(self)
+            if out is None:
+                raise TraceError("returned None; expected an expression (missing `return`?)")
+            if isinstance(out, torch.Tensor):
+                raise TraceError(f"returned a torch.Tensor of shape {tuple(out.shape)}; expected an expression "
+                                 "built from its arguments (captured tensors must be indexed with them)")
             expr = to_expr(out)
         except TraceError as e:
-            raise TraceError(f"{what} {_label(fn)} returned an unsupported value: {e}") from e
+            raise TraceError(f"{what} {_label(fn)}: {e}") from e
+        except Exception as e:
+            raise TraceError(f"{what} {_label(fn)} raised {type(e).__name__} while tracing: {e}") from e
         finally:
             _CURRENT.reset(token)
         if expr.has(sympy.nan, sympy.zoo):

@@ -57,6 +57,27 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned int (&a)
   }
 }
 
+// D = A * B for one m16n8k16 tile (C = 0): the first k-step of a product needs no zeroed
+// accumulators (ptxas feeds RZ as C).
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816_zc(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
+                                             unsigned int b1) {
+  const float z = 0.f;
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  }
+}
+
 // 2^x with flush-to-zero; ex2(-inf) = +0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -82,6 +103,63 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long lon
     const bool valid = r < rows_valid;
     const T* src = valid ? gmem + r * gstride + cc * 8 : gmem;
     cp_async_16(smem + r * SSTRIDE + cc * 8, src, valid);
+  }
+}
+
+// Cooperative async copy of a ROWS x COLS tile into padded shared memory at the shared-state-space
+// byte address smem_addr (row stride SSTRIDE elements); rows >= rows_valid are zero-filled.
+// Each thread owns one 16-byte column chunk and walks the rows with a constant step, so its
+// addresses are one shared base plus immediates and one global pointer advanced by a fixed stride
+// (the empty asm keeps the compiler from precomputing, and holding in registers, one 64-bit address
+// per chunk across the caller's loop). Full tiles (rows_valid >= ROWS) take a branch with no checks.
+template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, typename T>
+__device__ __forceinline__ void load_tile_rows_async(unsigned int smem_addr, const T* gmem, long long gstride,
+                                                     int rows_valid, int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  static_assert(COLS % 8 == 0, "tile width must be a multiple of 8 elements (16 bytes)");
+  if constexpr (NTHREADS % kChunksPerRow != 0) {
+    // Threads do not divide a row evenly: the generic chunk walk.
+    constexpr int kChunks = ROWS * kChunksPerRow;
+    constexpr int kIters = (kChunks + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int c = tid + it * NTHREADS;
+      if (kChunks % NTHREADS != 0 && c >= kChunks) break;
+      const int r = c / kChunksPerRow;
+      const int cc = c % kChunksPerRow;
+      const bool valid = r < rows_valid;
+      const T* src = valid ? gmem + r * gstride + cc * 8 : gmem;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr + (r * SSTRIDE + cc * 8) * 2),
+                   "l"(src), "r"(valid ? 16 : 0));
+    }
+  } else {
+    constexpr int kRowStep = NTHREADS / kChunksPerRow;
+    constexpr int kIters = (ROWS + kRowStep - 1) / kRowStep;
+    const int r0 = tid / kChunksPerRow;
+    const int cc = tid % kChunksPerRow;
+    const unsigned int dst = smem_addr + (r0 * SSTRIDE + cc * 8) * 2;
+    const T* src = gmem + r0 * gstride + cc * 8;
+    const long long step = kRowStep * gstride;
+    if (rows_valid >= ROWS) {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        if (ROWS % kRowStep != 0 && r0 + it * kRowStep >= ROWS) break;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + it * kRowStep * SSTRIDE * 2),
+                     "l"(src));
+        src += step;
+        asm("" : "+l"(src));
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        if (ROWS % kRowStep != 0 && r0 + it * kRowStep >= ROWS) break;
+        const bool valid = r0 + it * kRowStep < rows_valid;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + it * kRowStep * SSTRIDE * 2),
+                     "l"(valid ? src : gmem), "r"(valid ? 16 : 0));
+        src += step;
+        asm("" : "+l"(src));
+      }
+    }
   }
 }
 

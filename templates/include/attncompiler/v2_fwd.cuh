@@ -5,17 +5,23 @@
 // warps never exchange data: the online softmax statistics (m, l) of a row live in the 4 lanes of a
 // quad, and O stays in registers until the single final rescale by 1/l.
 //
-// Per K/V tile j (FlashAttention-2's pipelining with one K and one V buffer):
+// STAGES = 1 (FlashAttention-2's pipelining with one K and one V buffer), per K/V tile j:
 //   1. cp.async V_j                 (overlaps the QK^T below)
 //   2. S = Q K_j^T                  (mma.sync m16n8k16, fp32 accumulators)
 //   3. wait V_j; barrier; cp.async K_{j+1}   (overlaps softmax and PV)
 //   4. score_mod, mask, online softmax in the log2 domain, dropout
 //   5. O += P V_j                   (P re-used straight from the S accumulators as A fragments)
 //   6. wait K_{j+1}; barrier
-// Tiles that the mask's tile classifier proves EMPTY are skipped; FULL tiles skip mask evaluation.
+// STAGES = 2 (two K/V buffers, one barrier per tile), per K/V tile j in buffer s:
+//   1. cp.async K_{j+1}, V_{j+1} into buffer s^1 (a whole tile of latency to hide)
+//   2-5. as above on buffer s
+//   6. wait K_{j+1}, V_{j+1}; barrier (also retires every read of buffer s before it is refilled)
+// Tiles that the mask's tile classifier proves EMPTY are skipped. The tile body is instantiated
+// twice: without any mask code (FULL tiles inside the sequence) and with it (PARTIAL tiles and the
+// ragged last tile), so the common path carries no index arithmetic or selects.
 //
 // Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant; Cfg supplies
-// D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS.
+// D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS, STAGES.
 #pragma once
 
 namespace ac {
@@ -27,6 +33,7 @@ struct V2Layout {
   static constexpr int BM = Cfg::BLOCK_M;
   static constexpr int BN = Cfg::BLOCK_N;
   static constexpr int W = Cfg::NUM_WARPS;
+  static constexpr int STAGES = Cfg::STAGES;   // K/V buffers
   static constexpr int NTHREADS = 32 * W;
   static constexpr int MT = BM / (16 * W);     // m16 tiles per warp
   static constexpr int DQO = (D > DV ? D : DV);
@@ -37,12 +44,19 @@ struct V2Layout {
   static constexpr int NT_O = DV / 8;          // n8 tiles of O
   static constexpr int KT_QK = D / 16;         // k16 steps of Q K^T
   static constexpr int KT_PV = BN / 16;        // k16 steps of P V
-  static constexpr int kSmemBytes = (BM * QS + BN * KS + BN * VS) * 2;
+  // Byte offsets in shared memory: Q (also the output staging area), then per stage K and V.
+  static constexpr int kQBytes = BM * QS * 2;
+  static constexpr int kKBytes = BN * KS * 2;
+  static constexpr int kVBytes = BN * VS * 2;
+  static constexpr int kStageBytes = kKBytes + kVBytes;
+  static constexpr int kSmemBytes = (BM * QS + STAGES * BN * (KS + VS)) * 2;
 
   static_assert(BM % (16 * W) == 0 && (MT == 1 || MT == 2), "each warp owns 16 or 32 query rows");
   static_assert(D % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16");
   static_assert(BN % 16 == 0, "BLOCK_N must be a multiple of 16");
   static_assert(D <= 256 && DV <= 256, "head dims above 256 are not planned");
+  static_assert(STAGES == 1 || STAGES == 2, "STAGES is 1 or 2");
+  static_assert(kSmemBytes == kQBytes + STAGES * kStageBytes, "layout");
 };
 
 template <class Cfg>
@@ -60,17 +74,190 @@ __device__ __forceinline__ int v2_next_block(int j, int nblocks, int b, int h, i
   return j;
 }
 
+// Per-thread state and constants of one CTA; the tile body is a member template so the masked and
+// unmasked instantiations share everything else.
+template <class Cfg>
+struct V2Cta {
+  using L = V2Layout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  static constexpr int BM = L::BM, BN = L::BN, MT = L::MT, D = L::D, DV = L::DV;
+
+  float acc_o[MT][L::NT_O][4];
+  float row_max[MT][2];  // running max, log2 domain
+  float row_sum[MT][2];  // running sum, per-thread partial (reduced over the quad at the end)
+  unsigned int q_frag[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
+
+  // S = Q K^T for one tile; K fragments from the K buffer at k_addr (this thread's ldmatrix base).
+  __device__ __forceinline__ void qk(float (&acc_s)[MT][L::NT_S][4], unsigned int q_addr, unsigned int k_addr) {
+#pragma unroll
+    for (int kk = 0; kk < L::KT_QK; ++kk) {
+      unsigned int a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (Cfg::Q_IN_REGS) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
+        } else {
+          ldmatrix_x4(a[mt], q_addr + (mt * 16 * L::QS + kk * 16) * 2);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < L::NT_S / 2; ++np) {
+        unsigned int bk[4];
+        ldmatrix_x4(bk, k_addr + (np * 16 * L::KS + kk * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if (kk == 0) {
+            mma_16816_zc<Tr::kIsBf16>(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+            mma_16816_zc<Tr::kIsBf16>(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          } else {
+            mma_16816<Tr::kIsBf16>(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+            mma_16816<Tr::kIsBf16>(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // score_mod, mask (kMasked only), online softmax in the log2 domain, dropout; S becomes P.
+  template <bool kMasked>
+  __device__ __forceinline__ void softmax(float (&acc_s)[MT][L::NT_S][4], int kv0, int q_row0, float exp_scale,
+                                          int b, int h, const AttnParams& p, const AttnBuffers& buf) {
+    const int t = threadIdx.x & 3;
+    const int g = (threadIdx.x & 31) >> 2;
+    float alpha[MT][2];
+    bool rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int q_idx = q_row0 + mt * 16 + g + 8 * hf;
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+            float x = acc_s[mt][nt][2 * hf + e];
+            if constexpr (Variant::kHasScoreMod) {
+              x = Variant::score_mod(x * p.scale, b, h, q_idx, kv_idx, p, buf) * AC_LOG2E;
+            }
+            if constexpr (kMasked) {
+              bool visible = kv_idx < p.Nk;
+              if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
+              if (!visible) x = AC_NEG_INF;
+            }
+            acc_s[mt][nt][2 * hf + e] = x;
+          }
+        }
+        // Row max as a tree (short dependency chain), then over the quad.
+        float mx[L::NT_S];
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) mx[nt] = fmaxf(acc_s[mt][nt][2 * hf], acc_s[mt][nt][2 * hf + 1]);
+#pragma unroll
+        for (int w = 1; w < L::NT_S; w *= 2) {
+#pragma unroll
+          for (int nt = 0; nt + w < L::NT_S; nt += 2 * w) mx[nt] = fmaxf(mx[nt], mx[nt + w]);
+        }
+        float m = mx[0];
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        // Scores are kept raw (x * exp_scale is the log2-domain score): the scale folds into the
+        // exp2's FFMA. Scale > 0, so the max commutes with it.
+        const float m_new = fmaxf(row_max[mt][hf], m * exp_scale);
+        // A row that has seen no visible key keeps m = -inf; use 0 as the reference so that
+        // exp2(-inf - ref) = 0 and never NaN.
+        const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
+        alpha[mt][hf] = fast_exp2(row_max[mt][hf] - m_ref);  // exactly 1 when the max is unchanged
+        rescale = rescale || (alpha[mt][hf] != 1.f);
+        row_max[mt][hf] = m_new;
+        float ps[L::NT_S];
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            acc_s[mt][nt][2 * hf + e] = fast_exp2(fmaf(acc_s[mt][nt][2 * hf + e], exp_scale, -m_ref));
+          }
+          ps[nt] = acc_s[mt][nt][2 * hf] + acc_s[mt][nt][2 * hf + 1];
+        }
+#pragma unroll
+        for (int w = 1; w < L::NT_S; w *= 2) {
+#pragma unroll
+          for (int nt = 0; nt + w < L::NT_S; nt += 2 * w) ps[nt] += ps[nt + w];
+        }
+        row_sum[mt][hf] = fmaf(row_sum[mt][hf], alpha[mt][hf], ps[0]);
+      }
+    }
+    // O *= alpha only when some row of the warp changed its max (after the first tiles of a long
+    // sequence, most tiles change none): a warp-uniform branch around MT * DV / 2 multiplies.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < L::NT_O; ++nt) {
+          acc_o[mt][nt][0] *= alpha[mt][0];
+          acc_o[mt][nt][1] *= alpha[mt][0];
+          acc_o[mt][nt][2] *= alpha[mt][1];
+          acc_o[mt][nt][3] *= alpha[mt][1];
+        }
+      }
+    }
+
+    if constexpr (Variant::kHasDropout) {
+      // One Philox call per (m16, n8) tile and thread covers its four elements (docs/architecture.md).
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int q_idx = q_row0 + mt * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < L::NT_S; ++nt) {
+          const int kv_idx = kv0 + nt * 8 + 2 * t;
+          const ac_u32x4 w = ac_dropout_words(p, b, h, q_idx, kv_idx);
+          acc_s[mt][nt][0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          acc_s[mt][nt][1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          acc_s[mt][nt][2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          acc_s[mt][nt][3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        }
+      }
+    }
+  }
+
+  // O += P V, P taken from the S accumulators (C layout of two n8 tiles = A layout of k16).
+  __device__ __forceinline__ void pv(float (&acc_s)[MT][L::NT_S][4], unsigned int v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) {
+      unsigned int a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = Tr::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        a[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        a[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        a[mt][3] = Tr::pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < L::NT_O / 2; ++np) {
+        unsigned int bv[4];
+        ldmatrix_x4_trans(bv, v_addr + (kk * 16 * L::VS + np * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np], a[mt], bv[0], bv[1]);
+          mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+};
+
 template <class Cfg>
 __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& buf) {
   using L = V2Layout<Cfg>;
   using T = ac_elem_t;
-  using Tr = ac_type_traits<T>;
   constexpr int BM = L::BM, BN = L::BN, MT = L::MT, D = L::D, DV = L::DV;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + BM * L::QS;
-  T* sV = sK + BN * L::KS;
+  const unsigned int smem0 = smem_u32(smem_raw);
+  const unsigned int sK0 = smem0 + L::kQBytes;       // K of stage s: sK0 + s * kStageBytes
+  const unsigned int sV0 = sK0 + L::kKBytes;         // V of stage s: sV0 + s * kStageBytes
 
   // Heaviest (for causal: last) query blocks first, so the tail of the grid is short.
   const int q_block = gridDim.x - 1 - blockIdx.x;
@@ -95,28 +282,32 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   const int nblocks = (p.Nk + BN - 1) / BN;
   int j = v2_next_block<Cfg>(0, nblocks, b, h, q0, q_hi, p, buf);
 
-  // Prologue: Q and the first K tile.
-  load_tile_async<BM, D, L::QS, L::NTHREADS>(sQ, gQ, p.q_sn, q_rows, tid);
+  // Prologue: Q and the first K tile (and, with two stages, the first V tile).
+  load_tile_rows_async<BM, D, L::QS, L::NTHREADS>(smem0, gQ, p.q_sn, q_rows, tid);
   if (j < nblocks) {
-    load_tile_async<BN, D, L::KS, L::NTHREADS>(sK, gK + (long long)j * BN * p.k_sn, p.k_sn, p.Nk - j * BN, tid);
+    load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0, gK + (long long)j * BN * p.k_sn, p.k_sn,
+                                                    p.Nk - j * BN, tid);
+    if constexpr (L::STAGES == 2) {
+      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0, gV + (long long)j * BN * p.v_sn, p.v_sn,
+                                                       p.Nk - j * BN, tid);
+    }
   }
   cp_async_commit();
 
-  float acc_o[MT][L::NT_O][4];
-  float row_max[MT][2];  // running max, log2 domain
-  float row_sum[MT][2];  // running sum, per-thread partial (reduced over the quad at the end)
+  V2Cta<Cfg> st;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int nt = 0; nt < L::NT_O; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) st.acc_o[mt][nt][e] = 0.f;
     }
-    row_max[mt][0] = row_max[mt][1] = AC_NEG_INF;
-    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    st.row_max[mt][0] = st.row_max[mt][1] = AC_NEG_INF;
+    st.row_sum[mt][0] = st.row_sum[mt][1] = 0.f;
   }
 
   const int warp_row0 = warp * 16 * MT;
+  const int q_row0 = q0 + warp_row0;  // first query row of this warp
   // Multiplier taking an S value to the log2-domain score: the softmax scale * log2(e), or 1 when
   // score_mod already produced the log2-domain score.
   const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
@@ -125,174 +316,76 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   __syncthreads();
 
   // Per-thread ldmatrix base addresses (bytes, shared state space); loops add constants.
-  const unsigned int q_base = smem_u32(sQ + (warp_row0 + (lane & 15)) * L::QS + (lane >> 4) * 8);
-  const unsigned int k_base = smem_u32(sK + ((lane & 7) + (lane >> 4) * 8) * L::KS + ((lane >> 3) & 1) * 8);
-  const unsigned int v_base = smem_u32(sV + ((lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8);
+  const unsigned int q_base = smem0 + ((warp_row0 + (lane & 15)) * L::QS + (lane >> 4) * 8) * 2;
+  const unsigned int k_base = sK0 + (((lane & 7) + (lane >> 4) * 8) * L::KS + ((lane >> 3) & 1) * 8) * 2;
+  const unsigned int v_base = sV0 + (((lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8) * 2;
 
-  unsigned int q_frag[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
   if constexpr (Cfg::Q_IN_REGS) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int kk = 0; kk < L::KT_QK; ++kk) ldmatrix_x4(q_frag[mt][kk], q_base + (mt * 16 * L::QS + kk * 16) * 2);
+      for (int kk = 0; kk < L::KT_QK; ++kk) ldmatrix_x4(st.q_frag[mt][kk], q_base + (mt * 16 * L::QS + kk * 16) * 2);
     }
   }
 
+  unsigned int stage_off = 0;  // byte offset of the current K/V stage
   while (j < nblocks) {
     const int kv0 = j * BN;
     const int kv_rows = min(BN, p.Nk - kv0);
     const int kv_hi = kv0 + kv_rows - 1;
-
-    // (1) V_j in flight while Q K_j^T runs.
-    load_tile_async<BN, DV, L::VS, L::NTHREADS>(sV, gV + (long long)kv0 * p.v_sn, p.v_sn, kv_rows, tid);
-    cp_async_commit();
-
-    // (2) S = Q K_j^T.
-    float acc_s[MT][L::NT_S][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < L::NT_S; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
-
-#pragma unroll
-    for (int kk = 0; kk < L::KT_QK; ++kk) {
-      unsigned int a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (Cfg::Q_IN_REGS) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
-        } else {
-          ldmatrix_x4(a[mt], q_base + (mt * 16 * L::QS + kk * 16) * 2);
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < L::NT_S / 2; ++np) {
-        unsigned int bk[4];
-        ldmatrix_x4(bk, k_base + (np * 16 * L::KS + kk * 16) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<Tr::kIsBf16>(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_16816<Tr::kIsBf16>(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
-
-    // (3) V_j has landed once every thread's copies completed; the barrier also retires all reads
-    //     of K_j, so K_{j+1} may overwrite it while the softmax and PV run.
     const int j_next = v2_next_block<Cfg>(j + 1, nblocks, b, h, q0, q_hi, p, buf);
-    cp_async_wait<0>();
-    __syncthreads();
-    if (j_next < nblocks) {
-      load_tile_async<BN, D, L::KS, L::NTHREADS>(sK, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
-                                                 p.Nk - j_next * BN, tid);
-    }
-    cp_async_commit();
-
-    // (4) score_mod, mask, online softmax (log2 domain).
     int tile = AC_TILE_FULL;
     if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, q_hi, kv0, kv_hi, p, buf);
     const bool need_mask = (tile != AC_TILE_FULL) || (kv_rows < BN);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int q_idx = q0 + warp_row0 + mt * 16 + g + 8 * hf;
-        float mx = AC_NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < L::NT_S; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int kv_idx = kv0 + nt * 8 + 2 * t + e;
-            float x = acc_s[mt][nt][2 * hf + e];
-            if constexpr (Variant::kHasScoreMod) {
-              x = Variant::score_mod(x * p.scale, b, h, q_idx, kv_idx, p, buf) * AC_LOG2E;
-            }
-            if (need_mask) {
-              bool visible = kv_idx < p.Nk;
-              if constexpr (Variant::kHasMask) {
-                if (tile != AC_TILE_FULL) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
-              }
-              if (!visible) x = AC_NEG_INF;
-            }
-            acc_s[mt][nt][2 * hf + e] = x;
-            mx = fmaxf(mx, x);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // Scores are kept raw (x * exp_scale is the log2-domain score): the scale folds into the
-        // exp2's FFMA. Scale > 0, so the max commutes with it.
-        const float m_new = fmaxf(row_max[mt][hf], mx * exp_scale);
-        // A row that has seen no visible key keeps m = -inf; use 0 as the reference so that
-        // exp2(-inf - ref) = 0 and never NaN.
-        const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
-        const float alpha = fast_exp2(row_max[mt][hf] - m_ref);
-        row_max[mt][hf] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < L::NT_S; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = fast_exp2(fmaf(acc_s[mt][nt][2 * hf + e], exp_scale, -m_ref));
-            acc_s[mt][nt][2 * hf + e] = pe;
-            sum += pe;
-          }
-        }
-        row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
-#pragma unroll
-        for (int nt = 0; nt < L::NT_O; ++nt) {
-          acc_o[mt][nt][2 * hf] *= alpha;
-          acc_o[mt][nt][2 * hf + 1] *= alpha;
-        }
+
+    if constexpr (L::STAGES == 2) {
+      // (1) The next K/V tile into the other buffer; the barrier that ended the previous tile
+      //     retired every read of it.
+      if (j_next < nblocks) {
+        const unsigned int nxt = stage_off ^ L::kStageBytes;
+        const int rows = p.Nk - j_next * BN;
+        load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0 + nxt, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
+                                                        rows, tid);
+        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0 + nxt, gV + (long long)j_next * BN * p.v_sn,
+                                                         p.v_sn, rows, tid);
       }
+      cp_async_commit();
+    } else {
+      // (1) V_j in flight while Q K_j^T runs.
+      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0, gV + (long long)kv0 * p.v_sn, p.v_sn, kv_rows, tid);
+      cp_async_commit();
     }
 
-    if constexpr (Variant::kHasDropout) {
-      // One Philox call per (m16, n8) tile and thread covers its four elements (docs/architecture.md).
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int q_idx = q0 + warp_row0 + mt * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < L::NT_S; ++nt) {
-          const int kv_idx = kv0 + nt * 8 + 2 * t;
-          const ac_u32x4 w = ac_dropout_words(p, b, h, q_idx, kv_idx);
-          acc_s[mt][nt][0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          acc_s[mt][nt][1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          acc_s[mt][nt][2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          acc_s[mt][nt][3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-        }
+    // (2) S = Q K_j^T.
+    float acc_s[MT][L::NT_S][4];
+    st.qk(acc_s, q_base, k_base + stage_off);
+
+    if constexpr (L::STAGES == 1) {
+      // (3) V_j has landed once every thread's copies completed; the barrier also retires all reads
+      //     of K_j, so K_{j+1} may overwrite it while the softmax and PV run.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (j_next < nblocks) {
+        load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
+                                                        p.Nk - j_next * BN, tid);
       }
+      cp_async_commit();
     }
 
-    // (5) O += P V_j, P taken from the S accumulators (C layout of two n8 tiles = A layout of k16).
-#pragma unroll
-    for (int kk = 0; kk < L::KT_PV; ++kk) {
-      unsigned int a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = Tr::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        a[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        a[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        a[mt][3] = Tr::pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int np = 0; np < L::NT_O / 2; ++np) {
-        unsigned int bv[4];
-        ldmatrix_x4_trans(bv, v_base + (kk * 16 * L::VS + np * 16) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np], a[mt], bv[0], bv[1]);
-          mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np + 1], a[mt], bv[2], bv[3]);
-        }
-      }
+    // (4) score_mod, mask, online softmax (log2 domain), dropout.
+    if (need_mask) {
+      st.template softmax<true>(acc_s, kv0, q_row0, exp_scale, b, h, p, buf);
+    } else {
+      st.template softmax<false>(acc_s, kv0, q_row0, exp_scale, b, h, p, buf);
     }
 
-    // (6) K_{j+1} landed; every warp is done with V_j before the next iteration overwrites it.
+    // (5) O += P V_j.
+    st.pv(acc_s, v_base + stage_off);
+
+    // (6) The next tile landed; every warp is done with this tile's buffers.
     cp_async_wait<0>();
     __syncthreads();
+    if constexpr (L::STAGES == 2) stage_off ^= L::kStageBytes;
     j = j_next;
   }
 
@@ -303,18 +396,18 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float l = row_sum[mt][hf];
+      float l = st.row_sum[mt][hf];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float inv = (l > 0.f) ? 1.f / l : 0.f;
       const int r = warp_row0 + mt * 16 + g + 8 * hf;
 #pragma unroll
       for (int nt = 0; nt < L::NT_O; ++nt) {
-        const unsigned int v = Tr::pack2(acc_o[mt][nt][2 * hf] * inv, acc_o[mt][nt][2 * hf + 1] * inv);
+        const unsigned int v = V2Cta<Cfg>::Tr::pack2(st.acc_o[mt][nt][2 * hf] * inv, st.acc_o[mt][nt][2 * hf + 1] * inv);
         *reinterpret_cast<unsigned int*>(sQ + r * L::QS + nt * 8 + 2 * t) = v;
       }
       if (p.lse != nullptr && t == 0 && r < q_rows) {
-        const float m = row_max[mt][hf];
+        const float m = st.row_max[mt][hf];
         const float lse = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
         p.lse[(long long)bh * p.Nq + q0 + r] = lse;
       }

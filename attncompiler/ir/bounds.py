@@ -1,0 +1,601 @@
+"""Tile classification of a mask expression over index boxes: EMPTY, PARTIAL or FULL.
+
+A tile is the box ``q_idx in [q_lo, q_hi]`` x ``kv_idx in [kv_lo, kv_hi]`` (inclusive, non-empty)
+for one ``(b, h)`` with known ``q_len`` / ``kv_len``.  :class:`TileClassifier` decides, soundly:
+
+* ``TILE_EMPTY`` (0) only if no element of the tile is visible,
+* ``TILE_FULL`` (2) only if every element is visible,
+* ``TILE_PARTIAL`` (1) otherwise (mixed, or not known).
+
+How.  :func:`bound` is interval arithmetic over sympy expressions, done *symbolically*: the
+bounds are sympy expressions in ``q_lo, q_hi, kv_lo, kv_hi`` (and ``b, h, q_len, kv_len`` as
+points), so one derivation serves both Python (:meth:`TileClassifier.classify`) and CUDA
+(:meth:`TileClassifier.to_cuda`).  Linear expressions are bounded exactly (each coefficient's
+sign picks the end of its variable's range); Add / Mul / Abs / Min / Max / floor / ceiling / Mod
+/ integer Pow / Piecewise combine sub-bounds soundly; anything else -- buffer reads, ``score``,
+unknown functions -- is unknown.
+
+A relational ``a OP b`` is bounded as one difference ``d = a - b`` (so correlated terms such as
+``q_idx - kv_idx`` cancel), multiplied by the common denominator of its Rational coefficients so
+that all arithmetic is exact in ``int``.  With ``[lo, hi]`` the range of ``d`` over the tile,
+``d >= 0`` is FULL if ``lo >= 0`` and EMPTY if ``hi < 0`` (``>``, ``==``, ``!=`` alike).  Booleans
+combine in Kleene's three-valued logic, which with EMPTY < PARTIAL < FULL is: And = min, Or = max,
+Not = FULL - x.  This is exact for causal (top-left or bottom-right), sliding windows, prefix-LM,
+chunked (``floor(q/c) == floor(kv/c)``) masks and bands built from them.
+
+Exactness contract.  Relationals with a Float, or whose bound needs float arithmetic, are
+unknown (PARTIAL): the kernel evaluates such masks in float, and rounding could make a claimed
+FULL / EMPTY tile wrong.  The emitted CUDA computes in ``int``: bounds are derived for inputs
+(``q_lo .. kv_hi``, ``b``, ``h``, ``q_len``, ``kv_len``) in ``[0, INDEX_LIMIT)`` = ``[0, 2**24)``,
+a relational whose bound could leave the int32 range there is unknown, and a tile with an input
+outside that range is PARTIAL (checked at run time in both Python and CUDA).  So the two agree
+exactly, and never overflow.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Union
+
+import sympy
+from sympy.core.relational import Relational
+from sympy.logic.boolalg import BooleanAtom, BooleanFalse, BooleanFunction, BooleanTrue
+
+from attncompiler.codegen.cuda_printer import CudaPrinter, PrinterError, int_division_parts
+from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
+
+__all__ = [
+    "TILE_EMPTY", "TILE_PARTIAL", "TILE_FULL", "INDEX_LIMIT",
+    "Q_LO", "Q_HI", "KV_LO", "KV_HI", "Interval",
+    "tile_box", "bound",
+    "ConstNode", "RelNode", "AndNode", "OrNode", "NotNode", "TileNode",
+    "TileClassifier", "tile_classifier",
+]
+
+TILE_EMPTY, TILE_PARTIAL, TILE_FULL = 0, 1, 2
+_CUDA_CLASS = {TILE_EMPTY: "AC_TILE_EMPTY", TILE_PARTIAL: "AC_TILE_PARTIAL", TILE_FULL: "AC_TILE_FULL"}
+
+#: Bounds are derived for inputs (tile ends, b, h, q_len, kv_len) in [0, INDEX_LIMIT); a tile with
+#: an input outside is PARTIAL (Python and CUDA check it), so int32 arithmetic never overflows.
+INDEX_LIMIT = 2**24
+_INT32_MAX = 2**31 - 1
+
+Q_LO = sympy.Symbol("q_lo", integer=True, nonnegative=True)
+Q_HI = sympy.Symbol("q_hi", integer=True, nonnegative=True)
+KV_LO = sympy.Symbol("kv_lo", integer=True, nonnegative=True)
+KV_HI = sympy.Symbol("kv_hi", integer=True, nonnegative=True)
+
+Interval = tuple[sympy.Expr, sympy.Expr]
+
+_PRINTER = CudaPrinter().with_names({Q_LO: "q_lo", Q_HI: "q_hi", KV_LO: "kv_lo", KV_HI: "kv_hi"})
+_INPUTS = (Q_LO, Q_HI, KV_LO, KV_HI, B, H, Q_LEN, KV_LEN)
+
+
+def tile_box() -> dict[sympy.Symbol, Interval]:
+    """The box of one tile: q_idx, kv_idx ranged; b, h, q_len, kv_len fixed (points)."""
+    return {Q_IDX: (Q_LO, Q_HI), KV_IDX: (KV_LO, KV_HI), B: (B, B), H: (H, H),
+            Q_LEN: (Q_LEN, Q_LEN), KV_LEN: (KV_LEN, KV_LEN)}
+
+
+# ---------------------------------------------------------------------------------------------
+# interval arithmetic
+# ---------------------------------------------------------------------------------------------
+def bound(expr: sympy.Expr | int, box: Mapping[sympy.Symbol, tuple[Any, Any]] | None = None) -> Interval | None:
+    """Sound ``(lo, hi)`` of ``expr`` over ``box`` (symbol -> (lo, hi)), or None if unknown.
+
+    Bounds may be symbolic (sympy expressions in the box's ends) or numbers.  Symbols missing from
+    the box are free, i.e. unknown; a symbol with ``lo == hi`` is a point.
+    """
+    b = {s: (sympy.sympify(lo), sympy.sympify(hi)) for s, (lo, hi) in (box or tile_box()).items()}
+    return _Bounder(b).bound(sympy.sympify(expr))
+
+
+class _Bounder:
+    def __init__(self, box: dict[sympy.Symbol, Interval]) -> None:
+        self.box = box
+        self.points = {s: lo for s, (lo, hi) in box.items() if lo == hi}
+        self.ranged = tuple(sorted((s for s in box if s not in self.points), key=sympy.default_sort_key))
+
+    def is_point(self, e: sympy.Basic) -> bool:
+        return not e.has(sympy.Indexed) and e.free_symbols <= self.points.keys() and not e.has(sympy.nan, sympy.zoo)
+
+    def bound(self, e: sympy.Expr) -> Interval | None:
+        if _is_bool(e) or not isinstance(e, sympy.Expr):
+            return None
+        if self.is_point(e):
+            v = e.xreplace(self.points)
+            return (v, v) if v.is_finite is not False else None
+        lin = self._linear(e)
+        if lin is not None:
+            return lin
+        if isinstance(e, sympy.Symbol):
+            return self.box.get(e)
+        if e.is_Add:
+            return self._fold(e.args, lambda x, y: (x[0] + y[0], x[1] + y[1]))
+        if e.is_Mul:
+            return self._fold(e.args, _mul_iv)
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+            return _pow_iv(self.bound(e.base), int(e.exp))
+        if isinstance(e, sympy.Abs):
+            return _abs_iv(self.bound(e.args[0]))
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            f = sympy.Min if isinstance(e, sympy.Min) else sympy.Max
+            return self._fold(e.args, lambda x, y: (f(x[0], y[0]), f(x[1], y[1])))
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
+            iv = self.bound(e.args[0])
+            return None if iv is None else (type(e)(iv[0]), type(e)(iv[1]))
+        if isinstance(e, sympy.Mod):
+            return self._mod(e)
+        if isinstance(e, sympy.Piecewise):
+            return self._fold([pc.expr for pc in e.args], lambda x, y: (sympy.Min(x[0], y[0]), sympy.Max(x[1], y[1])))
+        return None
+
+    def _fold(self, args: Any, combine: Callable[[Interval, Interval], Interval]) -> Interval | None:
+        acc: Interval | None = None
+        for a in args:
+            iv = self.bound(a)
+            if iv is None:
+                return None
+            acc = iv if acc is None else combine(acc, iv)
+        return acc
+
+    def _linear(self, e: sympy.Expr) -> Interval | None:
+        """Exact range of an expression affine in the ranged symbols with point coefficients."""
+        used = [s for s in self.ranged if e.has(s)]
+        if not used or e.has(sympy.Indexed):
+            return None
+        poly = e.as_poly(*used)
+        if poly is None or poly.total_degree() > 1:
+            return None
+        const = poly.coeff_monomial(1)
+        if not self.is_point(const):
+            return None
+        lo = hi = const.xreplace(self.points)
+        for s in used:
+            c = poly.coeff_monomial(s)
+            if not self.is_point(c):
+                return None
+            slo, shi = _mul_iv((c.xreplace(self.points),) * 2, self.box[s])
+            lo, hi = lo + slo, hi + shi
+        return lo, hi
+
+    def _mod(self, e: sympy.Mod) -> Interval | None:
+        x, m = e.args
+        if not (self.is_point(m) and m.xreplace(self.points).is_positive):
+            return None
+        m = m.xreplace(self.points)
+        if not (x.is_integer and m.is_integer):
+            return (sympy.Integer(0), m)  # [0, m) closed up
+        iv = self.bound(x)
+        if iv is None or not m.is_Integer:
+            return (sympy.Integer(0), m - 1)
+        same = sympy.Eq(sympy.floor(iv[0] / m), sympy.floor(iv[1] / m))  # no wrap inside the range
+        if same is sympy.true:
+            return sympy.Mod(iv[0], m), sympy.Mod(iv[1], m)
+        if same is sympy.false:
+            return (sympy.Integer(0), m - 1)
+        return (sympy.Piecewise((sympy.Mod(iv[0], m), same), (0, True)),
+                sympy.Piecewise((sympy.Mod(iv[1], m), same), (m - 1, True)))
+
+
+def _is_bool(e: Any) -> bool:
+    """A logical value (sympy's Symbol also subclasses Boolean, so test the logical kinds)."""
+    return isinstance(e, (bool, Relational, BooleanAtom, BooleanFunction))
+
+
+def _scale_iv(c: sympy.Expr, iv: Interval) -> Interval:
+    lo, hi = c * iv[0], c * iv[1]
+    if c.is_nonnegative:
+        return lo, hi
+    if c.is_nonpositive:
+        return hi, lo
+    return sympy.Min(lo, hi), sympy.Max(lo, hi)
+
+
+def _mul_iv(x: Interval, y: Interval) -> Interval:
+    if x[0] == x[1]:
+        return _scale_iv(x[0], y)
+    if y[0] == y[1]:
+        return _scale_iv(y[0], x)
+    if x[0].is_nonnegative and y[0].is_nonnegative:
+        return x[0] * y[0], x[1] * y[1]
+    corners = [a * b for a in x for b in y]
+    return sympy.Min(*corners), sympy.Max(*corners)
+
+
+def _abs_iv(iv: Interval | None) -> Interval | None:
+    if iv is None:
+        return None
+    lo, hi = iv
+    if lo.is_nonnegative:
+        return lo, hi
+    if hi.is_nonpositive:
+        return -hi, -lo
+    return sympy.Max(0, lo, -hi), sympy.Max(-lo, hi)
+
+
+def _pow_iv(iv: Interval | None, n: int) -> Interval | None:
+    if iv is None:
+        return None
+    if n % 2:
+        return iv[0] ** n, iv[1] ** n
+    a = _abs_iv(iv)
+    return None if a is None else (a[0] ** n, a[1] ** n)
+
+
+# ---------------------------------------------------------------------------------------------
+# exactness guards: int-only arithmetic, int32 range for inputs below INDEX_LIMIT
+# ---------------------------------------------------------------------------------------------
+def _exact_int(e: sympy.Expr) -> bool:
+    try:
+        if _PRINTER.ctype(e) != "int":
+            return False
+        return all(_PRINTER.ctype(r.lhs) == "int" and _PRINTER.ctype(r.rhs) == "int" for r in e.atoms(Relational))
+    except PrinterError:
+        return False
+
+
+def _mag(e: sympy.Basic) -> float:
+    """Upper bound on |value| of e and of every intermediate C computes for it."""
+    if e.is_Integer:
+        return abs(int(e))
+    if isinstance(e, (BooleanTrue, BooleanFalse)):
+        return 1
+    if isinstance(e, sympy.Symbol):
+        return INDEX_LIMIT if e in _INPUTS else math.inf
+    if e.is_Add or isinstance(e, Relational):
+        return float(sum(_mag(a) for a in e.args))
+    if e.is_Mul:
+        return math.prod(_mag(a) for a in e.args)
+    if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+        return _mag(e.base) ** int(e.exp)
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        n, d = int_division_parts(e.args[0])
+        return max(_mag(n), _mag(d)) + 1
+    if isinstance(e, (sympy.Mod, sympy.Min, sympy.Max, sympy.Abs, sympy.And, sympy.Or, sympy.Not)):
+        return max(_mag(a) for a in e.args)
+    if isinstance(e, sympy.Piecewise):
+        return max(max(_mag(pc.expr), _mag(pc.cond)) for pc in e.args)
+    return math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# exact Python evaluation of bound expressions
+# ---------------------------------------------------------------------------------------------
+Env = Mapping[sympy.Symbol, int]
+_REL_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
+            ">": operator.gt, ">=": operator.ge}
+
+
+def _compile(e: sympy.Basic) -> Callable[[Env], Any]:  # noqa: C901 - one branch per node kind
+    """A closure computing e exactly (int / Fraction / bool) from symbol values."""
+    if isinstance(e, BooleanTrue) or isinstance(e, BooleanFalse):
+        v = bool(e)
+        return lambda env: v
+    if e.is_Integer:
+        i = int(e)
+        return lambda env: i
+    if e.is_Rational:
+        fr = Fraction(int(e.p), int(e.q))
+        return lambda env: fr
+    if isinstance(e, sympy.Symbol):
+        return lambda env: env[e]
+    fs = [_compile(a) for a in e.args] if not isinstance(e, sympy.Piecewise) else []
+    if e.is_Add:
+        return lambda env: sum(f(env) for f in fs)
+    if e.is_Mul:
+        return lambda env: math.prod(f(env) for f in fs)
+    if e.is_Pow and e.exp.is_Integer:
+        base, n = fs[0], int(e.exp)
+        return (lambda env: base(env) ** n) if n >= 0 else (lambda env: Fraction(1) / Fraction(base(env)) ** -n)
+    if isinstance(e, sympy.floor):
+        return lambda env: math.floor(fs[0](env))
+    if isinstance(e, sympy.ceiling):
+        return lambda env: math.ceil(fs[0](env))
+    if isinstance(e, sympy.Mod):
+        return lambda env: fs[0](env) % fs[1](env)
+    if isinstance(e, sympy.Min):
+        return lambda env: min(f(env) for f in fs)
+    if isinstance(e, sympy.Max):
+        return lambda env: max(f(env) for f in fs)
+    if isinstance(e, sympy.Abs):
+        return lambda env: abs(fs[0](env))
+    if isinstance(e, Relational) and e.rel_op in _REL_OPS:
+        op = _REL_OPS[e.rel_op]
+        return lambda env: op(fs[0](env), fs[1](env))
+    if isinstance(e, sympy.And):
+        return lambda env: all(f(env) for f in fs)
+    if isinstance(e, sympy.Or):
+        return lambda env: any(f(env) for f in fs)
+    if isinstance(e, sympy.Not):
+        return lambda env: not fs[0](env)
+    if isinstance(e, sympy.Piecewise):
+        pieces = [(_compile(pc.expr), _compile(pc.cond)) for pc in e.args]
+        return lambda env: next(v(env) for v, c in pieces if c(env))
+    raise ValueError(f"cannot evaluate {type(e).__name__} in a tile bound")
+
+
+# ---------------------------------------------------------------------------------------------
+# the classification tree
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConstNode:
+    """A class known without looking at the tile."""
+
+    value: int
+
+    def evaluate(self, env: Env) -> int:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RelNode:
+    """``d OP 0`` with ``d`` in ``[lo, hi]`` over the tile; op is ">=", ">", "==" or "!=".
+
+    FULL / EMPTY conditions:  >=: lo >= 0 / hi < 0;  >: lo > 0 / hi <= 0;
+    ==: lo == hi == 0 / (lo > 0 or hi < 0);  !=: the reverse of ==.
+    """
+
+    op: str
+    lo: sympy.Expr
+    hi: sympy.Expr
+    source: str = ""
+    _lo_fn: Callable[[Env], Any] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    _hi_fn: Callable[[Env], Any] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lo_fn", _compile(self.lo))
+        object.__setattr__(self, "_hi_fn", _compile(self.hi))
+
+    @staticmethod
+    def decide(op: str, lo: Any, hi: Any) -> tuple[Any, Any]:
+        """(full, empty): Python bools for numbers, sympy booleans for sympy expressions."""
+        sym = isinstance(lo, sympy.Basic) or isinstance(hi, sympy.Basic)
+        ge, gt = (sympy.Ge, sympy.Gt) if sym else (operator.ge, operator.gt)
+        both, either = (sympy.And, sympy.Or) if sym else ((lambda x, y: x and y), (lambda x, y: x or y))
+        if op == ">=":
+            return ge(lo, 0), gt(0, hi)
+        if op == ">":
+            return gt(lo, 0), ge(0, hi)
+        zero = both(ge(lo, 0), ge(0, hi))  # lo == hi == 0 (lo <= hi)
+        off = either(gt(lo, 0), gt(0, hi))  # 0 outside [lo, hi]
+        return (zero, off) if op == "==" else (off, zero)
+
+    def evaluate(self, env: Env) -> int:
+        full, empty = self.decide(self.op, self._lo_fn(env), self._hi_fn(env))
+        return TILE_FULL if full else (TILE_EMPTY if empty else TILE_PARTIAL)
+
+    def cuda_conditions(self, lo: str, hi: str) -> tuple[str, str]:
+        if self.op == ">=":
+            return f"{lo} >= 0", f"{hi} < 0"
+        if self.op == ">":
+            return f"{lo} > 0", f"{hi} <= 0"
+        both, either = f"({lo} >= 0 && {hi} <= 0)", f"({lo} > 0 || {hi} < 0)"
+        return (both, either) if self.op == "==" else (either, both)
+
+
+@dataclass(frozen=True)
+class AndNode:
+    children: tuple["TileNode", ...]
+
+    def evaluate(self, env: Env) -> int:
+        return min(c.evaluate(env) for c in self.children)
+
+
+@dataclass(frozen=True)
+class OrNode:
+    children: tuple["TileNode", ...]
+
+    def evaluate(self, env: Env) -> int:
+        return max(c.evaluate(env) for c in self.children)
+
+
+@dataclass(frozen=True)
+class NotNode:
+    child: "TileNode"
+
+    def evaluate(self, env: Env) -> int:
+        return TILE_FULL + TILE_EMPTY - self.child.evaluate(env)
+
+
+TileNode = Union[ConstNode, RelNode, AndNode, OrNode, NotNode]
+_PARTIAL = ConstNode(TILE_PARTIAL)
+
+
+def _and(children: list[TileNode]) -> TileNode:
+    flat: list[TileNode] = []
+    for c in children:
+        for g in (c.children if isinstance(c, AndNode) else (c,)):
+            if g == ConstNode(TILE_EMPTY):
+                return g
+            if g != ConstNode(TILE_FULL) and g not in flat:
+                flat.append(g)
+    return ConstNode(TILE_FULL) if not flat else (flat[0] if len(flat) == 1 else AndNode(tuple(flat)))
+
+
+def _or(children: list[TileNode]) -> TileNode:
+    flat: list[TileNode] = []
+    for c in children:
+        for g in (c.children if isinstance(c, OrNode) else (c,)):
+            if g == ConstNode(TILE_FULL):
+                return g
+            if g != ConstNode(TILE_EMPTY) and g not in flat:
+                flat.append(g)
+    return ConstNode(TILE_EMPTY) if not flat else (flat[0] if len(flat) == 1 else OrNode(tuple(flat)))
+
+
+def _not(c: TileNode) -> TileNode:
+    if isinstance(c, ConstNode):
+        return ConstNode(TILE_FULL + TILE_EMPTY - c.value)
+    return c.child if isinstance(c, NotNode) else NotNode(c)
+
+
+def _build(m: Any) -> TileNode:  # noqa: C901 - one branch per boolean form
+    if m is None or m is True or isinstance(m, BooleanTrue):
+        return ConstNode(TILE_FULL)
+    if m is False or isinstance(m, BooleanFalse):
+        return ConstNode(TILE_EMPTY)
+    if isinstance(m, sympy.And):
+        return _and([_build(a) for a in m.args])
+    if isinstance(m, sympy.Or):
+        return _or([_build(a) for a in m.args])
+    if isinstance(m, sympy.Not):
+        return _not(_build(m.args[0]))
+    if isinstance(m, sympy.Xor):
+        acc = _build(m.args[0])
+        for a in m.args[1:]:
+            x = _build(a)
+            acc = _or([_and([acc, _not(x)]), _and([_not(acc), x])])
+        return acc
+    if isinstance(m, sympy.Implies):
+        return _or([_not(_build(m.args[0])), _build(m.args[1])])
+    if isinstance(m, sympy.Equivalent):
+        parts = [_build(a) for a in m.args]
+        return _or([_and(parts), _and([_not(p) for p in parts])])
+    if isinstance(m, sympy.ITE):
+        c = _build(m.args[0])
+        return _or([_and([c, _build(m.args[1])]), _and([_not(c), _build(m.args[2])])])
+    if isinstance(m, sympy.Piecewise) and all(_is_bool(pc.expr) for pc in m.args):
+        # value of the first piece whose condition holds: OR_i (c_i and not c_<i and e_i)
+        terms, earlier = [], []
+        for pc in m.args:
+            c = _build(pc.cond)
+            terms.append(_and([c, *earlier, _build(pc.expr)]))
+            earlier.append(_not(c))
+        return _or(terms)
+    if isinstance(m, Relational):
+        return _relational(m)
+    return _PARTIAL
+
+
+def _relational(rel: Relational) -> TileNode:
+    lhs, rhs, op = rel.lhs, rel.rhs, rel.rel_op
+    if _is_bool(lhs) or _is_bool(rhs):
+        if op not in ("==", "!="):
+            return _PARTIAL
+        eq = _build(sympy.Equivalent(lhs, rhs, evaluate=False))
+        return eq if op == "==" else _not(eq)
+    if op in ("<", "<="):
+        d, op = rhs - lhs, {"<": ">", "<=": ">="}[op]
+    elif op in (">", ">=", "==", "!="):
+        d = lhs - rhs
+    else:
+        return _PARTIAL
+    if d.has(sympy.Float):
+        return _PARTIAL
+    coeffs = d.as_coefficients_dict().values()
+    if all(c.is_Rational for c in coeffs):
+        d = math.lcm(*(int(c.q) for c in coeffs)) * d
+    iv = bound(d)
+    if iv is None:
+        return _PARTIAL
+    lo, hi = iv
+    if not (_exact_int(lo) and _exact_int(hi)) or max(_mag(lo), _mag(hi)) > _INT32_MAX:
+        return _PARTIAL
+    full, empty = RelNode.decide(op, lo, hi)
+    if full is sympy.true:
+        return ConstNode(TILE_FULL)
+    if empty is sympy.true:
+        return ConstNode(TILE_EMPTY)
+    if full is sympy.false and empty is sympy.false:
+        return _PARTIAL
+    try:
+        return RelNode(op, lo, hi, str(rel))
+    except ValueError:
+        return _PARTIAL
+
+
+# ---------------------------------------------------------------------------------------------
+# the classifier
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TileClassifier:
+    """EMPTY / PARTIAL / FULL for tiles of one mask; Python and CUDA from the same tree."""
+
+    mask: sympy.Basic | None
+    root: TileNode
+    _inputs: frozenset[sympy.Symbol] = field(default=frozenset(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        syms: set[sympy.Symbol] = set()
+        for n in self.nodes():
+            if isinstance(n, RelNode):
+                syms |= n.lo.free_symbols | n.hi.free_symbols
+        object.__setattr__(self, "_inputs", frozenset(syms))
+
+    @classmethod
+    def from_mask(cls, mask: sympy.Basic | bool | None) -> "TileClassifier":
+        return cls(mask if mask is None or isinstance(mask, sympy.Basic) else sympy.sympify(mask), _build(mask))
+
+    def nodes(self) -> list[TileNode]:
+        """Every node, children before parents (the CUDA emission order)."""
+        out: dict[TileNode, None] = {}
+
+        def walk(n: TileNode) -> None:
+            if n in out:
+                return
+            for c in (n.child,) if isinstance(n, NotNode) else getattr(n, "children", ()):
+                walk(c)
+            out[n] = None
+
+        walk(self.root)
+        return list(out)
+
+    def inputs(self) -> frozenset[sympy.Symbol]:
+        """The symbols classification reads (of q_lo, q_hi, kv_lo, kv_hi, b, h, q_len, kv_len)."""
+        return self._inputs
+
+    def classify(self, q_lo: int, q_hi: int, kv_lo: int, kv_hi: int, b: int = 0, h: int = 0,
+                 q_len: int | None = None, kv_len: int | None = None) -> int:
+        """TILE_EMPTY / TILE_PARTIAL / TILE_FULL of tile [q_lo, q_hi] x [kv_lo, kv_hi] (inclusive)."""
+        if q_lo > q_hi or kv_lo > kv_hi:
+            raise ValueError(f"empty tile [{q_lo}, {q_hi}] x [{kv_lo}, {kv_hi}]")
+        env: dict[sympy.Symbol, Any] = {Q_LO: q_lo, Q_HI: q_hi, KV_LO: kv_lo, KV_HI: kv_hi, B: b, H: h,
+                                        Q_LEN: q_len, KV_LEN: kv_len}
+        missing = [str(s) for s in self._inputs if env[s] is None]
+        if missing:
+            raise ValueError(f"mask needs {', '.join(sorted(missing))} to classify tiles")
+        if any(not 0 <= env[s] < INDEX_LIMIT for s in self._inputs):
+            return TILE_PARTIAL  # the bounds' int arithmetic is only guarded below INDEX_LIMIT
+        return self.root.evaluate(env)
+
+    def to_cuda(self) -> str:
+        """Body of ``Variant::tile_class(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi,
+        const AttnParams& p, const AttnBuffers& buf)``."""
+        head = f"  // tile class of mask: {' '.join(str(self.mask).split())}"
+        if isinstance(self.root, ConstNode):
+            return f"{head}\n  return {_CUDA_CLASS[self.root.value]};"
+        lines = [head]
+        if self._inputs:
+            used = [_PRINTER.print(x) for x in _INPUTS if x in self._inputs]
+            guard = " ||\n      ".join(f"(unsigned)({x}) >= {INDEX_LIMIT}u" for x in used)
+            lines.append(f"  // the bounds below are exact int arithmetic for inputs in [0, {INDEX_LIMIT})")
+            lines.append(f"  if ({guard})\n    return AC_TILE_PARTIAL;")
+        names: dict[TileNode, str] = {}
+        for i, n in enumerate(self.nodes()):
+            t = names[n] = f"t{i}"
+            if isinstance(n, ConstNode):
+                lines.append(f"  const int {t} = {_CUDA_CLASS[n.value]};")
+            elif isinstance(n, RelNode):
+                lines.append(f"  // {n.source}: d {n.op} 0 with d in [lo{i}, hi{i}]")
+                lines.append(f"  const int lo{i} = {_PRINTER.print(n.lo, 'int')};")
+                lines.append(f"  const int hi{i} = {_PRINTER.print(n.hi, 'int')};")
+                full, empty = n.cuda_conditions(f"lo{i}", f"hi{i}")
+                lines.append(f"  const int {t} = {full} ? AC_TILE_FULL : ({empty} ? AC_TILE_EMPTY : AC_TILE_PARTIAL);")
+            elif isinstance(n, NotNode):
+                lines.append(f"  const int {t} = AC_TILE_FULL + AC_TILE_EMPTY - {names[n.child]};  // not")
+            else:
+                pick, what = ("<", "and: min") if isinstance(n, AndNode) else (">", "or: max")
+                lines.append(f"  int {t} = {names[n.children[0]]};  // {what}")
+                for c in n.children[1:]:
+                    lines.append(f"  {t} = {names[c]} {pick} {t} ? {names[c]} : {t};")
+        lines.append(f"  return {names[self.root]};")
+        return "\n".join(lines)
+
+
+def tile_classifier(mask: sympy.Basic | bool | None) -> TileClassifier:
+    """:class:`TileClassifier` for a mask expression (None: every key visible, always FULL)."""
+    return TileClassifier.from_mask(mask)
