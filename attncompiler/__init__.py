@@ -23,7 +23,7 @@ _LAZY = {
     "attention": ("attncompiler.api", "attention"),
     "CompiledAttention": ("attncompiler.api", "CompiledAttention"),
     "presets": ("attncompiler.spec.presets", None),
-    "ops": ("attncompiler.spec.ops", None),
+    "ops": ("attncompiler.ops", None),
     "reference_attention": ("attncompiler.reference", "reference_attention"),
     "build_ir": ("attncompiler.ir.build", "build_ir"),
 }

@@ -33,18 +33,20 @@ __all__ = ["Value", "evaluate", "reference_attention", "eager_attention", "error
 Value = Union[torch.Tensor, int, float, bool]
 
 # Score-block elements (B * H * rows * Nk) per query-row chunk.
-_CHUNK_ELEMS_CPU = 1 << 24
+_CHUNK_ELEMS_CPU = 1 << 20  # small blocks are reused by the allocator (measured fastest)
 _CHUNK_ELEMS_CUDA = 1 << 26
 
 _REL_OPS: dict[str, Callable[[Value, Value], Value]] = {
     "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
 _FLOAT_FUNCS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
-    sympy.exp: torch.exp, sympy.log: torch.log, sympy.tanh: torch.tanh, sympy.sin: torch.sin,
-    sympy.cos: torch.cos, sympy.erf: torch.erf,
+    sympy.exp: torch.exp, sympy.log: torch.log, sympy.tanh: torch.tanh, sympy.sinh: torch.sinh,
+    sympy.cosh: torch.cosh, sympy.sin: torch.sin, sympy.cos: torch.cos, sympy.tan: torch.tan,
+    sympy.asin: torch.asin, sympy.acos: torch.acos, sympy.atan: torch.atan, sympy.erf: torch.erf,
 }
-_SUPPORTED = ("Integer, Rational, Float, Symbol, Indexed, Add, Mul, Pow, floor, ceiling, Mod, Abs, sign, "
-              "Min, Max, exp, log, tanh, sin, cos, erf, Piecewise, ITE, relationals, And, Or, Not, Xor, true, false")
+_SUPPORTED = ("Integer, Rational, Float, +-oo, pi, E, Symbol, Indexed, Add, Mul, Pow, floor, ceiling, Mod, Abs, "
+              "sign, Min, Max, exp, log, tanh, sinh, cosh, sin, cos, tan, asin, acos, atan, atan2, erf, "
+              "Piecewise, ITE, relationals, And, Or, Not, Xor, Equivalent, true, false")
 
 
 def _is_bool(v: Value) -> bool:
@@ -110,7 +112,10 @@ class _Evaluator:
         if e.is_Integer:
             return int(e)
         if e.is_Number or e.is_NumberSymbol:
-            return float(e)
+            try:
+                return float(e)
+            except TypeError:
+                raise NotImplementedError(f"expected a real constant, got {e}") from None
         if e.is_Symbol:
             if e.name not in self.symbols:
                 raise KeyError(f"expected a symbol among {sorted(self.symbols)}, got {e.name!r}")
@@ -139,10 +144,15 @@ class _Evaluator:
             return torch.sign(self.common([self(e.args[0])])[0])
         if isinstance(e, (sympy.Min, sympy.Max)):
             ts = self.common([self(a) for a in e.args])
+            if ts[0].is_floating_point():  # fminf / fmaxf: a NaN operand is ignored
+                return reduce(torch.fmin if isinstance(e, sympy.Min) else torch.fmax, ts)
             return reduce(torch.minimum if isinstance(e, sympy.Min) else torch.maximum, ts)
         for cls, fn in _FLOAT_FUNCS.items():
             if isinstance(e, cls):
                 return fn(self.ft(self(e.args[0])))
+        if isinstance(e, sympy.atan2):
+            y, x = (self.ft(self(a)) for a in e.args)
+            return torch.atan2(y, x)
         if isinstance(e, sympy.Piecewise):
             return self.piecewise(e)
         if isinstance(e, sympy.ITE):
@@ -157,6 +167,9 @@ class _Evaluator:
         if isinstance(e, (sympy.And, sympy.Or, sympy.Xor)):
             fn = {sympy.And: torch.logical_and, sympy.Or: torch.logical_or, sympy.Xor: torch.logical_xor}[e.func]
             return reduce(fn, [self.bt(self(a)) for a in e.args])
+        if isinstance(e, sympy.Equivalent):
+            ts = [self.bt(self(a)) for a in e.args]
+            return reduce(torch.logical_and, [torch.eq(ts[0], t) for t in ts[1:]])
         if isinstance(e, sympy.Not):
             return torch.logical_not(self.bt(self(e.args[0])))
         raise NotImplementedError(f"expected one of ({_SUPPORTED}), got {type(e).__name__}: {e}")
@@ -237,9 +250,13 @@ def evaluate(expr: sympy.Basic, values: Mapping[str, Value], buffers: Optional[M
     ``kv_len``) to tensors or Python numbers; ``buffers`` maps buffer names to tensors (indexed with
     indices clamped into range).  Integer arithmetic stays in int64 (``//`` and ``%`` with Python
     semantics); anything real is computed in ``float_dtype`` (float tensors keep their dtype).
+    Constants are created on ``device`` (default: that of the first tensor given, else the CPU).
+    Raises NotImplementedError for a sympy node outside the supported set.
     """
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    return _Evaluator(values, dict(buffers or {}), float_dtype, dev)(expr)
+    if device is None:
+        tensors = [v for v in (*values.values(), *(buffers or {}).values()) if isinstance(v, torch.Tensor)]
+        device = tensors[0].device if tensors else "cpu"
+    return _Evaluator(values, dict(buffers or {}), float_dtype, torch.device(device))(expr)
 
 
 # ------------------------------------------------------------------------------------ attention
@@ -294,6 +311,14 @@ def _broadcast(val: Value, shape: tuple[int, ...], dtype: torch.dtype, device: t
     return torch.full(shape, val, dtype=dtype, device=device)
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in the inputs' dtype.  CPU half/bf16 GEMMs are emulated as float32 GEMMs rounded to
+    the dtype (what GPU GEMMs do: float32 accumulation, one rounding of the output), much faster."""
+    if a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16):
+        return torch.matmul(a.float(), b.float()).to(a.dtype)
+    return torch.matmul(a, b)
+
+
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: AttentionIR, *,
                buffers: Optional[Mapping[str, torch.Tensor]], scale: Optional[float], dropout_p: Optional[float],
                seed: int, offset: int, return_lse: bool, dtype: torch.dtype, float_dtype: torch.dtype, eager: bool,
@@ -330,7 +355,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: AttentionI
         r1 = min(Nq, r0 + q_chunk)
         n = r1 - r0
         shape = (B, H, n, Nk)
-        s = torch.matmul(qc[:, :, r0:r1].reshape(B, Hkv, G, n, -1), kt).reshape(shape) * scale
+        s = _matmul(qc[:, :, r0:r1].reshape(B, Hkv, G, n, -1), kt).reshape(shape) * scale
         env: dict[str, Value] = {
             SCORE.name: s, SYM_B.name: b_idx, SYM_H.name: h_idx, KV_IDX.name: kv_idx,
             Q_IDX.name: torch.arange(r0, r1, device=dev).view(1, 1, n, 1), Q_LEN.name: Nq, KV_LEN.name: Nk,
@@ -360,7 +385,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: AttentionI
                                      q_start=r0, q_end=r1)
             p = p.masked_fill(~keep, 0.0)
             p = p * (1.0 / (1.0 - p_drop)) if eager else p / (1.0 - p_drop)
-        out[:, :, r0:r1] = torch.matmul(p.reshape(B, Hkv, G, n, Nk), vc).reshape(B, H, n, DV)
+        out[:, :, r0:r1] = _matmul(p.reshape(B, Hkv, G, n, Nk), vc).reshape(B, H, n, DV)
         lse[:, :, r0:r1] = row_lse
     return (out, lse) if return_lse else out
 
@@ -392,9 +417,11 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Atten
     """Same computation as :func:`reference_attention`, the way eager PyTorch does it in q's dtype.
 
     ``q @ k^T``, the scale, ``torch.softmax``, dropout and ``P @ V`` all run in the input dtype
-    (bf16/fp16).  In ``score_expr`` the score stays in that dtype while index arithmetic converted
-    to real numbers and float buffers use float32 (as the kernel receives them); the modified score
-    is rounded back to the input dtype.  Output (and lse) are in the input dtype.
+    (bf16/fp16; on the CPU the two GEMMs accumulate in float32 and round once, as GPU GEMMs do).
+    In ``score_expr`` the score stays in that dtype, while index arithmetic converted to real
+    numbers and float buffers use float32 (as the kernel receives them); the modified score is
+    rounded back to the input dtype.  Output (and lse) are in the input dtype.  A row with no
+    visible key outputs 0 (not softmax's NaN).
     """
     low = q.dtype in (torch.float16, torch.bfloat16)
     return _attention(q, k, v, ir, buffers=buffers, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,

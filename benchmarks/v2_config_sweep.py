@@ -29,7 +29,8 @@ from attncompiler.runtime.compiler import compile_kernel
 from attncompiler.runtime.launch import AttnInputs, launch, pack_params
 from attncompiler.runtime.params import PARAM_FIELDS, c_struct
 
-# (D, BLOCK_M, BLOCK_N, num_warps, Q in regs, STAGES)
+# (D, BLOCK_M, BLOCK_N, num_warps, Q in regs, STAGES[, flags]); flags: "+"-joined experiment macros
+# defined before the kernel headers (FLAG_MACROS), "" for the kernel as written.
 DEFAULT_CONFIGS = [
     (128, 128, 64, 4, 0, 1), (128, 128, 64, 4, 0, 2), (128, 128, 32, 4, 0, 1), (128, 128, 32, 4, 0, 2),
     (128, 128, 128, 8, 1, 2),
@@ -38,13 +39,16 @@ DEFAULT_CONFIGS = [
 ]
 
 
+FLAG_MACROS: dict[str, str] = {"late": "AC_V2_S2_LATE", "always": "AC_V2_ALWAYS_RESCALE"}
+
+
 def smem_bytes(D: int, DV: int, BM: int, BN: int, stages: int) -> int:
     """The v2 kernel's shared memory (templates/v2_fwd.cu.j2)."""
     return (BM * (max(D, DV) + 8) + stages * BN * ((D + 8) + (DV + 8))) * 2
 
 
-def prelude(causal: bool) -> str:
-    return "\n".join([
+def prelude(causal: bool, flags: str = "") -> str:
+    return "\n".join([f"#define {FLAG_MACROS[f]} 1" for f in flags.split("+") if f] + [
         "typedef __nv_bfloat16 ac_elem_t;", c_struct("AttnParams", PARAM_FIELDS), c_struct("AttnBuffers", ()),
         "struct Variant {",
         "  static constexpr bool kHasScoreMod = false;",
@@ -57,8 +61,8 @@ def prelude(causal: bool) -> str:
         "};"])
 
 
-def source(D, BM, BN, W, QR, S, causal) -> str:
-    return render_source("v2_fwd.cu.j2", name="sweep", prelude=prelude(causal), plan_text="sweep", head_dim=D,
+def source(D, BM, BN, W, QR, S, causal, flags="") -> str:
+    return render_source("v2_fwd.cu.j2", name="sweep", prelude=prelude(causal, flags), plan_text="sweep", head_dim=D,
                          head_dim_v=D, block_m=BM, block_n=BN, num_warps=W, q_in_regs=bool(QR), min_ctas=1,
                          smem_bytes=smem_bytes(D, D, BM, BN, S), stages=S)
 
@@ -136,6 +140,40 @@ def peers(tag: str) -> dict:
     return out
 
 
+MMA_PEAK_SRC = r"""
+extern "C" __global__ void mma_peak(float* out, int iters) {
+  unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3f803f80u, b1 = b0 + 1u;
+  float d[8][4] = {};
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                   : "+f"(d[k][0]), "+f"(d[k][1]), "+f"(d[k][2]), "+f"(d[k][3])
+                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) s += d[k][0] + d[k][1] + d[k][2] + d[k][3];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+"""
+
+
+def mma_peak() -> float:
+    """mma.sync m16n8k16 bf16 issue ceiling of this GPU: 8 independent accumulators per warp,
+    8 warps per block, 4 blocks per SM, registers only."""
+    import cupy as cp
+    from triton.testing import do_bench
+    k = cp.RawKernel(MMA_PEAK_SRC, "mma_peak", options=("-arch=sm_%d%d" % torch.cuda.get_device_capability(),))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    grid, block, iters = sms * 4, 256, 4096
+    out = cp.zeros(grid * block, dtype=cp.float32)
+    fn = lambda: k((grid,), (block,), (out, cp.int32(iters)))  # noqa: E731
+    fn(); cp.cuda.Device().synchronize()
+    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return grid * (block // 32) * iters * 8 * 2 * 16 * 8 * 16 / ms / 1e9
+
+
 HOOK_SPECS = ("softcap", "dropout", "alibi", "sliding_window", "document")
 
 
@@ -169,17 +207,18 @@ def main() -> int:
     ap.add_argument("--no-hooks", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
-    configs = ([tuple(int(x) for x in c.split(",")) for c in args.configs.split(";") if c.strip()]
-               if args.configs else DEFAULT_CONFIGS)
+    configs = ([tuple(int(x) for x in c.split(",")[:6]) + tuple(c.split(",")[6:7]) for c in args.configs.split(";")
+                if c.strip()] if args.configs else DEFAULT_CONFIGS)
+    configs = [c if len(c) == 7 else c + ("",) for c in configs]
     torch.manual_seed(0)
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     print(torch.cuda.get_device_name(), arch, time.strftime("%Y-%m-%d %H:%M"), flush=True)
 
-    srcs = {(c, causal): source(*c, causal) for c in configs for causal in (False, True)}
+    srcs = {(c, causal): source(*c[:6], causal, c[6]) for c in configs for causal in (False, True)}
     hooks = []
     if not args.no_hooks:
         try:
-            hooks = hook_kernels(sorted({c[5] for c in configs}))
+            hooks = hook_kernels(sorted({c[5] for c in configs if not c[6]}))
         except Exception as e:
             print(f"hooks: could not build the specs ({type(e).__name__}: {e})", flush=True)
     prewarm(list(srcs.values()) + [k.source for _, k in hooks], arch)
@@ -192,10 +231,14 @@ def main() -> int:
             ok_all &= r.ok
             print(f"hooks {label}: {r} {'OK' if r.ok else 'FAIL'}", flush=True)
 
+    try:
+        print(f"mma.sync m16n8k16 bf16 ceiling: {mma_peak():.0f} TFLOP/s", flush=True)
+    except Exception as e:
+        print(f"mma peak: failed ({type(e).__name__}: {e})", flush=True)
     peer0 = {} if args.no_peers else peers("before")
     rows = []
     for c in configs:
-        D, BM, BN, W, QR, S = c
+        D, BM, BN, W, QR, S, X = c
         for causal in (False, True):
             smem = smem_bytes(D, D, BM, BN, S)
             kern, ct = build(srcs[(c, causal)], smem)
@@ -213,15 +256,15 @@ def main() -> int:
                 lerr = (lse.double() - torch.logsumexp(s, -1)).abs().max().item()
                 good = err <= 2 * eerr + 1e-3 and lerr < 1e-3 and not math.isnan(err) and not math.isnan(lerr)
                 ok &= good
-                print(f"check D={D} BM={BM} BN={BN} W={W} QR={QR} S={S} causal={causal} N={N}: err {err:.2e} "
+                print(f"check D={D} BM={BM} BN={BN} W={W} QR={QR} S={S}{X} causal={causal} N={N}: err {err:.2e} "
                       f"eager {eerr:.2e} lse {lerr:.1e} {'OK' if good else 'FAIL'}", flush=True)
             ok_all &= ok
             N = 16384; H = 2048 // D; B = 16384 // N
             q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             fn, o, lse = run(kern, smem, BM, W, q, k, v)
             tf = tflops(fn, B, H, N, D, causal)
-            rows.append((D, BM, BN, W, QR, S, causal, tf, ok, smem, func_regs(kern)))
-            print(f"time D={D} BM={BM} BN={BN} W={W} QR={QR} S={S} causal={causal}: {tf:.0f} TFLOP/s "
+            rows.append((D, BM, BN, W, QR, f"{S}{'+' + X if X else ''}", causal, tf, ok, smem, func_regs(kern)))
+            print(f"time D={D} BM={BM} BN={BN} W={W} QR={QR} S={S}{X} causal={causal}: {tf:.0f} TFLOP/s "
                   f"(compile/load {ct:.2f}s)", flush=True)
     peer1 = {} if args.no_peers else peers("after")
 

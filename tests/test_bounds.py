@@ -111,6 +111,11 @@ def batch_window(w: int) -> M:
     return M(Q - KV <= w + 3 * B, lambda b, h, q, kv, ql, kl: q - kv <= w + 3 * b)
 
 
+def head_shift(k: int) -> M:
+    return M(KV <= sympy.Piecewise((Q, H > 1), (Q - k, True)),
+             lambda b, h, q, kv, ql, kl: kv <= (q if h > 1 else q - k))
+
+
 def document() -> M:
     return M(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV]), lambda b, h, q, kv, ql, kl: DOC[q] == DOC[kv], False)
 
@@ -126,7 +131,7 @@ base_masks = st.one_of(
     small.map(prefix), st.integers(1, 70).map(chunked), st.integers(1, 70).map(chunked_causal),
     st.tuples(st.integers(1, 20), st.integers(0, 20)).map(lambda t: striped(*t)),
     st.integers(1, 9).map(diag_mod), small.map(capped), st.integers(-5, 5).map(half),
-    st.integers(-5, 5).map(rational), small.map(batch_window),
+    st.integers(-5, 5).map(rational), small.map(batch_window), small.map(head_shift),
 )
 masks = st.recursive(
     base_masks,
@@ -195,7 +200,7 @@ def test_mask_sanity_expressions_match_predicates() -> None:
     rng = random.Random(1)
     for m in [causal(), bottom_right(), sliding(7), sliding_br(5), sym_window(4), prefix(9), chunked(8),
               chunked_causal(5), striped(6, 2), diag_mod(3), capped(20), half(-2), rational(3),
-              head_causal(), batch_window(4), document(), ~(causal() & prefix(4)) | sliding(3)]:
+              head_causal(), batch_window(4), head_shift(7), document(), ~(causal() & prefix(4)) | sliding(3)]:
         for _ in range(40):
             b, h, q, kv, ql, kl = (rng.randint(0, 2), rng.randint(0, 2), rng.randint(0, 60), rng.randint(0, 60),
                                    rng.randint(1, 70), rng.randint(1, 70))
@@ -312,7 +317,7 @@ CUDA_MASKS = [
     None, Q >= KV, Q + KV_LEN - Q_LEN >= KV, sliding(100).expr, sliding_br(64).expr, sym_window(33).expr,
     prefix(128).expr, chunked(64).expr, chunked(37).expr, chunked_causal(48).expr, striped(256, 128).expr,
     striped(5, 2).expr, diag_mod(4).expr, capped(300).expr, half(3).expr, rational(-1).expr,
-    head_causal().expr, batch_window(17).expr, document().expr, (causal() & document()).expr,
+    head_causal().expr, batch_window(17).expr, head_shift(30).expr, document().expr, (causal() & document()).expr,
     (~(prefix(64) | sliding(20)) & bottom_right()).expr, sympy.Xor(Q > KV, KV < 100), float_mask().expr,
     sympy.Eq(sympy.Mod(DOC_BUF[Q], 4), 7), (Q * KV >= 5), sympy.Piecewise((Q >= KV, H > 0), (KV < 50, True)),
 ]
@@ -340,7 +345,7 @@ def test_cuda_emission_matches_python(tmp_path: Path) -> None:
             span = rng.choice([1, 16, 64, 128, 1000, INDEX_LIMIT])
             ql, kl = rng.randrange(span), rng.randrange(span)
             tq, tk = rng.choice([(0, 0), (15, 15), (63, 63), (127, 63), (rng.randrange(50), rng.randrange(50))])
-            nq, nk = rng.randrange(1, span + 300), rng.randrange(1, span + 300)
+            nq, nk = rng.randrange(0, span + 300), rng.randrange(0, span + 300)  # 0: outside the guard
             work.append((i, rng.randrange(3), rng.randrange(4), ql, ql + tq, kl, kl + tk, nq, nk))
     src, exe = tmp_path / "t.cpp", tmp_path / "t"
     src.write_text(source)
@@ -369,3 +374,27 @@ def test_cuda_text_causal() -> None:
     assert "const int lo0 = q_lo - kv_hi;" in text and "const int hi0 = q_hi - kv_lo;" in text
     assert "return t0;" in text
     assert tile_classifier(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV])).to_cuda().strip().endswith("return AC_TILE_PARTIAL;")
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_cuda_emission_compiles_with_nvcc(tmp_path: Path) -> None:
+    """The bodies compile as device code against the real common.cuh (no GPU needed)."""
+    fns = "".join(
+        f"static __device__ __forceinline__ int tc{i}(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi,"
+        f" const AttnParams& p, const AttnBuffers& buf) {{\n{tile_classifier(m).to_cuda()}\n}}\n"
+        for i, m in enumerate(CUDA_MASKS))
+    calls = "".join(f"  c += tc{i}(t & 1, t & 3, t, t + 63, 2 * t, 2 * t + 63, p, buf);\n"
+                    for i in range(len(CUDA_MASKS)))
+    src = tmp_path / "k.cu"
+    src.write_text(
+        '#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n'
+        "struct AttnBuffers { const int* doc; int doc_d0; };\n" + fns +
+        'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
+        "  const int t = threadIdx.x;\n  int c = 0;\n" + calls + "  out[t] = c;\n}\n")
+    res = subprocess.run([NVCC, "-arch=sm_80", "-std=c++17", "-Werror", "all-warnings", "-I",
+                          str(ROOT / "templates/include"), "-c", str(src), "-o", str(tmp_path / "k.o")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]

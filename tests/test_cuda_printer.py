@@ -280,3 +280,28 @@ def test_unsupported_message() -> None:
 def test_kind_int_rejects_float() -> None:
     with pytest.raises(PrinterError):
         print_cuda(S + 1, kind="int")
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_printed_expressions_compile_with_nvcc(tmp_path: Path) -> None:
+    """The same expressions compile as device code against the real common.cuh (no GPU needed)."""
+    fns, uses = [], []
+    for i, (_, expr, _, kind) in enumerate(CASES):
+        fns.append(f"static __device__ __forceinline__ auto f{i}(float score, int b, int h, int q_idx, int kv_idx,"
+                   f" const AttnParams& p, const AttnBuffers& buf) {{ return {print_cuda(expr, kind=kind, buffers=BUFFERS)}; }}\n")
+        uses.append(f"  acc += (float)f{i}(s, t & 1, t & 3, t, 3 * t, p, buf);\n")
+    src = tmp_path / "k.cu"
+    src.write_text(
+        '#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n'
+        "struct AttnBuffers { const float* slopes; int slopes_d0; const int* doc; int doc_d0;"
+        " const float* m2; int m2_d0; int m2_d1; };\n" + "".join(fns) +
+        'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, float* out) {\n'
+        "  const int t = threadIdx.x;\n  const float s = out[t];\n  float acc = 0.0f;\n" + "".join(uses) +
+        "  out[t] = acc;\n}\n")
+    res = subprocess.run([NVCC, "-arch=sm_80", "-std=c++17", "-Werror", "all-warnings", "-I",
+                          str(ROOT / "templates/include"), "-c", str(src), "-o", str(tmp_path / "k.o")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]

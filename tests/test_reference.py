@@ -322,6 +322,15 @@ def test_evaluator_nodes():
     assert torch.equal(ev(sympy.ITE(QI > 0, KJ > 2, KJ < 2), q_idx=i, kv_idx=j),
                        torch.where(i > 0, j > 2, j < 2))
     assert ev(sympy.true) is True and ev(sympy.false) is False
+    assert torch.equal(ev(sympy.Equivalent(QI > 0, KJ > 2), q_idx=i, kv_idx=j), (i > 0) == (j > 2))
+    assert torch.equal(ev(sympy.Xor(QI > 0, KJ > 2), q_idx=i, kv_idx=j), (i > 0) != (j > 2))
+    close(ev(sympy.atan2(SCORE, KJ) + sympy.sinh(SCORE) * sympy.atan(SCORE), score=s, kv_idx=j),
+          torch.atan2(s, j.double()) + s.sinh() * s.atan())
+    got = ev(sympy.Piecewise((-sympy.oo, QI < 0), (SCORE + sympy.E, True)), score=s, q_idx=i)
+    assert torch.equal(got, torch.where(i < 0, -math.inf, s + math.e))
+    nan = torch.tensor([math.nan, 1.0], dtype=F64)
+    assert torch.equal(ev(sympy.Max(SCORE, 0), score=nan), torch.tensor([0.0, 1.0], dtype=F64))  # fmaxf
+    assert ev(sympy.Min(SCORE, -sympy.oo), score=s) == -math.inf  # sympy folds it
 
 
 def test_evaluator_float_constants_stay_float64():

@@ -241,6 +241,7 @@ def _ptxas_report(log: str) -> dict[str, int]:
             "spill_loads": int(spill.group(2)), "stack": int(stack.group(1))}
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -266,6 +267,7 @@ def test_nvcc_compiles(case, arch, tmp_path, stub_include, record_property):
         warnings.warn(f"v1 kernel spills on {arch} for {case}: {rep}", stacklevel=1)
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_compiles_inlined_source(tmp_path):
     """What NVRTC sees: our headers inlined by codegen/render.py, no include path for our code."""

@@ -42,7 +42,7 @@ from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN, SCORE
 
-__all__ = ["CType", "PrinterError", "CudaPrinter", "SYMBOL_NAMES", "print_cuda", "cuda_type"]
+__all__ = ["CType", "PrinterError", "CudaPrinter", "SYMBOL_NAMES", "print_cuda", "cuda_type", "int_division_parts"]
 
 CType = Literal["bool", "int", "float"]
 

@@ -28,8 +28,8 @@ def render_prelude(ir: AttentionIR) -> str:
     has_score = ir.score_expr is not None
     has_mask = ir.mask_expr is not None
     has_dropout = ir.dropout_p > 0.0
-    score_body = f"return {print_cuda(ir.score_expr, kind='float')};" if has_score else "return score;"
-    mask_body = f"return {print_cuda(ir.mask_expr, kind='bool')};" if has_mask else "return true;"
+    score_body = f"return {print_cuda(ir.score_expr, kind='float', buffers=ir.buffers)};" if has_score else "return score;"
+    mask_body = f"return {print_cuda(ir.mask_expr, kind='bool', buffers=ir.buffers)};" if has_mask else "return true;"
     tile_body = tile_classifier(ir.mask_expr).to_cuda() if has_mask else "return AC_TILE_FULL;"
     lines = [
         f"typedef {ELEM_TYPES[ir.dtype]} ac_elem_t;",

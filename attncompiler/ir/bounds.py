@@ -72,6 +72,7 @@ Interval = tuple[sympy.Expr, sympy.Expr]
 
 _PRINTER = CudaPrinter().with_names({Q_LO: "q_lo", Q_HI: "q_hi", KV_LO: "kv_lo", KV_HI: "kv_hi"})
 _INPUTS = (Q_LO, Q_HI, KV_LO, KV_HI, B, H, Q_LEN, KV_LEN)
+_LOWEST = {Q_LEN: 1, KV_LEN: 1}  # smallest valid value of an input (lengths are positive), else 0
 
 
 def tile_box() -> dict[sympy.Symbol, Interval]:
@@ -130,7 +131,14 @@ class _Bounder:
         if isinstance(e, sympy.Mod):
             return self._mod(e)
         if isinstance(e, sympy.Piecewise):
-            return self._fold([pc.expr for pc in e.args], lambda x, y: (sympy.Min(x[0], y[0]), sympy.Max(x[1], y[1])))
+            ivs = [self.bound(pc.expr) for pc in e.args]
+            if any(iv is None for iv in ivs):
+                return None
+            if all(self.is_point(pc.cond) for pc in e.args):  # the branch is known per tile: exact
+                conds = [pc.cond.xreplace(self.points) for pc in e.args]
+                return (sympy.Piecewise(*((iv[0], c) for iv, c in zip(ivs, conds))),
+                        sympy.Piecewise(*((iv[1], c) for iv, c in zip(ivs, conds))))
+            return sympy.Min(*(iv[0] for iv in ivs)), sympy.Max(*(iv[1] for iv in ivs))
         return None
 
     def _fold(self, args: Any, combine: Callable[[Interval, Interval], Interval]) -> Interval | None:
@@ -558,7 +566,7 @@ class TileClassifier:
         missing = [str(s) for s in self._inputs if env[s] is None]
         if missing:
             raise ValueError(f"mask needs {', '.join(sorted(missing))} to classify tiles")
-        if any(not 0 <= env[s] < INDEX_LIMIT for s in self._inputs):
+        if any(not _LOWEST.get(s, 0) <= env[s] < INDEX_LIMIT for s in self._inputs):
             return TILE_PARTIAL  # the bounds' int arithmetic is only guarded below INDEX_LIMIT
         return self.root.evaluate(env)
 
@@ -570,8 +578,11 @@ class TileClassifier:
             return f"{head}\n  return {_CUDA_CLASS[self.root.value]};"
         lines = [head]
         if self._inputs:
-            used = [_PRINTER.print(x) for x in _INPUTS if x in self._inputs]
-            guard = " ||\n      ".join(f"(unsigned)({x}) >= {INDEX_LIMIT}u" for x in used)
+            checks = []
+            for x in (x for x in _INPUTS if x in self._inputs):  # lowest <= x < INDEX_LIMIT, one compare
+                low, name = _LOWEST.get(x, 0), _PRINTER.print(x)
+                checks.append(f"(unsigned)({name}{f' - {low}' if low else ''}) >= {INDEX_LIMIT - low}u")
+            guard = " ||\n      ".join(checks)
             lines.append(f"  // the bounds below are exact int arithmetic for inputs in [0, {INDEX_LIMIT})")
             lines.append(f"  if ({guard})\n    return AC_TILE_PARTIAL;")
         names: dict[TileNode, str] = {}

@@ -13,6 +13,7 @@ from typing import Mapping
 import torch
 
 from ..ir.types import AttentionIR
+from ..philox import dropout_threshold
 from .params import PARAM_FIELDS, buffer_fields, ctypes_struct
 
 __all__ = ["InputError", "AttnInputs", "check_inputs", "prepare_buffers", "pack_params", "launch"]
@@ -151,9 +152,8 @@ def pack_params(
     P.B, P.H, P.H_kv, P.Nq, P.Nk = dims.B, dims.H, dims.H_kv, dims.Nq, dims.Nk
     P.scale = scale
     P.dropout_p = dropout_p
-    keep = 1.0 - dropout_p
-    P.dropout_threshold = min(2**32 - 1, int(round(keep * 2**32)))
-    P.dropout_rescale = 1.0 / keep
+    P.dropout_threshold = dropout_threshold(dropout_p)
+    P.dropout_rescale = 1.0 / (1.0 - dropout_p)
     P.seed = seed & (2**64 - 1)
     P.offset = offset & (2**64 - 1)
     Bf = _buffers_type(ir.buffers)()

@@ -289,7 +289,7 @@ __device__ void v1_fwd(const AttnParams& p, const AttnBuffers& buf) {
           const float m_new = fmaxf(m_old, m_tile);
           const float alpha = (m_old == AC_NEG_INF) ? 0.f : expf(m_old - m_new);
           const float beta = expf(m_tile - m_new);
-          const float l_new = alpha * l_old + beta * l_tile;  // >= beta * 1 > 0
+          const float l_new = alpha * l_old + beta * l_tile;  // > 0 (l~ >= 1 or l_i >= 1)
           const float inv_l_new = 1.f / l_new;
           const float c_old = l_old * alpha * inv_l_new;  // weight of the stored (normalized) O_i
           const float c_new = beta * inv_l_new;           // weight of P~_ij V_j

@@ -120,10 +120,12 @@ struct V2Cta {
     }
   }
 
-  // score_mod, mask (kMasked only), online softmax in the log2 domain, dropout; S becomes P.
+  // score_mod, mask (kMasked only) and the online-softmax statistics of one tile: the new row max,
+  // O and l rescaled by alpha = 2^(m_old - m_new). m_ref receives each row's exp2 reference.
   template <bool kMasked>
-  __device__ __forceinline__ void softmax(float (&acc_s)[MT][L::NT_S][4], int kv0, int q_row0, float exp_scale,
-                                          int b, int h, const AttnParams& p, const AttnBuffers& buf) {
+  __device__ __forceinline__ void softmax_stats(float (&acc_s)[MT][L::NT_S][4], float (&m_ref)[MT][2], int kv0,
+                                                int q_row0, float exp_scale, int b, int h, const AttnParams& p,
+                                                const AttnBuffers& buf) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
     float alpha[MT][2];
@@ -167,30 +169,19 @@ struct V2Cta {
         const float m_new = fmaxf(row_max[mt][hf], m * exp_scale);
         // A row that has seen no visible key keeps m = -inf; use 0 as the reference so that
         // exp2(-inf - ref) = 0 and never NaN.
-        const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
-        alpha[mt][hf] = fast_exp2(row_max[mt][hf] - m_ref);  // exactly 1 when the max is unchanged
+        m_ref[mt][hf] = (m_new == AC_NEG_INF) ? 0.f : m_new;
+        alpha[mt][hf] = fast_exp2(row_max[mt][hf] - m_ref[mt][hf]);  // exactly 1 when the max is unchanged
         rescale = rescale || (alpha[mt][hf] != 1.f);
         row_max[mt][hf] = m_new;
-        float ps[L::NT_S];
-#pragma unroll
-        for (int nt = 0; nt < L::NT_S; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            acc_s[mt][nt][2 * hf + e] = fast_exp2(fmaf(acc_s[mt][nt][2 * hf + e], exp_scale, -m_ref));
-          }
-          ps[nt] = acc_s[mt][nt][2 * hf] + acc_s[mt][nt][2 * hf + 1];
-        }
-#pragma unroll
-        for (int w = 1; w < L::NT_S; w *= 2) {
-#pragma unroll
-          for (int nt = 0; nt + w < L::NT_S; nt += 2 * w) ps[nt] += ps[nt + w];
-        }
-        row_sum[mt][hf] = fmaf(row_sum[mt][hf], alpha[mt][hf], ps[0]);
+        row_sum[mt][hf] *= alpha[mt][hf];
       }
     }
     // O *= alpha only when some row of the warp changed its max (after the first tiles of a long
     // sequence, most tiles change none): a warp-uniform branch around MT * DV / 2 multiplies.
-    if (__any_sync(0xffffffffu, rescale)) {
+#ifndef AC_V2_ALWAYS_RESCALE
+    if (__any_sync(0xffffffffu, rescale))
+#endif
+    {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -202,32 +193,43 @@ struct V2Cta {
         }
       }
     }
-
-    if constexpr (Variant::kHasDropout) {
-      // One Philox call per (m16, n8) tile and thread covers its four elements (docs/architecture.md).
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int q_idx = q_row0 + mt * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < L::NT_S; ++nt) {
-          const int kv_idx = kv0 + nt * 8 + 2 * t;
-          const ac_u32x4 w = ac_dropout_words(p, b, h, q_idx, kv_idx);
-          acc_s[mt][nt][0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          acc_s[mt][nt][1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          acc_s[mt][nt][2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          acc_s[mt][nt][3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-        }
-      }
-    }
   }
 
-  // O += P V, P taken from the S accumulators (C layout of two n8 tiles = A layout of k16).
-  __device__ __forceinline__ void pv(float (&acc_s)[MT][L::NT_S][4], unsigned int v_addr) {
+  // P = 2^(S * exp_scale - m_ref) (summed into l), dropout, and O += P V, one k16 step of P at a time:
+  // the exponentials of step kk + 1 overlap the mma.sync of step kk in one basic block. P's A
+  // fragments are the S accumulators (C layout of two n8 tiles = A layout of k16).
+  __device__ __forceinline__ void exp_pv(float (&acc_s)[MT][L::NT_S][4], const float (&m_ref)[MT][2], float exp_scale,
+                                         unsigned int v_addr, int kv0, int q_row0, int b, int h,
+                                         const AttnParams& p) {
+    const int t = threadIdx.x & 3;
+    const int g = (threadIdx.x & 31) >> 2;
+    float nm[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) nm[mt][0] = -m_ref[mt][0], nm[mt][1] = -m_ref[mt][1];
 #pragma unroll
     for (int kk = 0; kk < L::KT_PV; ++kk) {
       unsigned int a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int n2 = 0; n2 < 2; ++n2) {
+          float* c = acc_s[mt][2 * kk + n2];
+          c[0] = fast_exp2(fmaf(c[0], exp_scale, nm[mt][0]));
+          c[1] = fast_exp2(fmaf(c[1], exp_scale, nm[mt][0]));
+          c[2] = fast_exp2(fmaf(c[2], exp_scale, nm[mt][1]));
+          c[3] = fast_exp2(fmaf(c[3], exp_scale, nm[mt][1]));
+          row_sum[mt][0] += c[0] + c[1];
+          row_sum[mt][1] += c[2] + c[3];
+          if constexpr (Variant::kHasDropout) {
+            // One Philox call per (m16, n8) tile and thread covers its four elements
+            // (docs/architecture.md); l above is the sum before dropout.
+            const ac_u32x4 w = ac_dropout_words(p, b, h, q_row0 + mt * 16 + g, kv0 + (2 * kk + n2) * 8 + 2 * t);
+            c[0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+            c[1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+            c[2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+            c[3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          }
+        }
         a[mt][0] = Tr::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
         a[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
         a[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
@@ -338,9 +340,9 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, q_hi, kv0, kv_hi, p, buf);
     const bool need_mask = (tile != AC_TILE_FULL) || (kv_rows < BN);
 
-    if constexpr (L::STAGES == 2) {
-      // (1) The next K/V tile into the other buffer; the barrier that ended the previous tile
-      //     retired every read of it.
+    // (1) With two stages: the next K/V tile into the other buffer; the barrier that ended the
+    //     previous tile retired every read of it.
+    auto load_next = [&]() {
       if (j_next < nblocks) {
         const unsigned int nxt = stage_off ^ L::kStageBytes;
         const int rows = p.Nk - j_next * BN;
@@ -350,6 +352,11 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
                                                          p.v_sn, rows, tid);
       }
       cp_async_commit();
+    };
+    if constexpr (L::STAGES == 2) {
+#ifndef AC_V2_S2_LATE
+      load_next();
+#endif
     } else {
       // (1) V_j in flight while Q K_j^T runs.
       load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0, gV + (long long)kv0 * p.v_sn, p.v_sn, kv_rows, tid);
@@ -360,6 +367,9 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     float acc_s[MT][L::NT_S][4];
     st.qk(acc_s, q_base, k_base + stage_off);
 
+#ifdef AC_V2_S2_LATE
+    if constexpr (L::STAGES == 2) load_next();
+#endif
     if constexpr (L::STAGES == 1) {
       // (3) V_j has landed once every thread's copies completed; the barrier also retires all reads
       //     of K_j, so K_{j+1} may overwrite it while the softmax and PV run.
@@ -372,15 +382,16 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
       cp_async_commit();
     }
 
-    // (4) score_mod, mask, online softmax (log2 domain), dropout.
+    // (4) score_mod, mask, online-softmax statistics (log2 domain); O rescaled.
+    float m_ref[MT][2];
     if (need_mask) {
-      st.template softmax<true>(acc_s, kv0, q_row0, exp_scale, b, h, p, buf);
+      st.template softmax_stats<true>(acc_s, m_ref, kv0, q_row0, exp_scale, b, h, p, buf);
     } else {
-      st.template softmax<false>(acc_s, kv0, q_row0, exp_scale, b, h, p, buf);
+      st.template softmax_stats<false>(acc_s, m_ref, kv0, q_row0, exp_scale, b, h, p, buf);
     }
 
-    // (5) O += P V_j.
-    st.pv(acc_s, v_base + stage_off);
+    // (5) P = exp2(S - m), dropout, O += P V_j.
+    st.exp_pv(acc_s, m_ref, exp_scale, v_base + stage_off, kv0, q_row0, b, h, p);
 
     // (6) The next tile landed; every warp is done with this tile's buffers.
     cp_async_wait<0>();
