@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from . import autograd as _autograd
 from .codegen.schedule import KernelSource, Schedule, ScheduleError, get_schedule
 from .ir.build import build_ir
 from .ir.types import AttentionIR
@@ -41,6 +42,12 @@ class CompiledAttention:
     _buffers: Mapping[str, torch.Tensor] = field(repr=False)
     _loaded: dict[int, LoadedKernel] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: plan options of the backward (block_m, num_warps, mtk, split_dkv); None: the planner's choice
+    backward_options: dict[str, Any] | None = field(default=None, repr=False)
+    _op_id: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        _autograd.register_kernel(self)  # the custom op refers to this kernel by id
 
     @property
     def source(self) -> str:
@@ -89,16 +96,42 @@ class CompiledAttention:
         offset: int = 0,
         buffers: Mapping[str, torch.Tensor] | None = None,
         out: torch.Tensor | None = None,
+        deterministic: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the kernel.  ``out`` (B, H, Nq, DV), if given, is written in place (any strides with a
-        contiguous, 16-byte aligned head dim); ``buffers`` override the spec's captured tensors."""
-        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-            raise NotImplementedError(
-                "attncompiler kernels are forward-only in this version: expected inputs without requires_grad "
-                "(or torch.no_grad()), got a tensor that requires grad"
-            )
-        dims = check_inputs(q, k, v, self.ir)
+        contiguous, 16-byte aligned head dim); ``buffers`` override the spec's captured tensors.
+
+        Differentiable: when q, k, v (or a float buffer) require grad, the call goes through the
+        ``attncompiler::attention_fwd`` custom op and ``.backward()`` runs the v2 backward kernels
+        (also for a v1 forward); under ``torch.compile`` the op is traced without a graph break.
+        ``deterministic`` (default: ``torch.are_deterministic_algorithms_enabled()``) makes the
+        gradients bit-identical run to run (dQ in a separate pass instead of fp32 atomics).
+        ``out=`` is for the forward-only path (no autograd, no torch.compile)."""
+        values = dict(self._buffers)
+        if buffers:
+            values.update(buffers)
+        needs_grad = False
+        if torch.is_grad_enabled():
+            for t in (q, k, v, *values.values()):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    needs_grad = True
+        if not (needs_grad or torch.compiler.is_compiling()):
+            return self._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed,
+                                        offset=offset, buffers=values, out=out)
+        _require_cuda(q, k, v)
+        if out is not None:
+            raise InputError("out: expected None when inputs require grad or under torch.compile (the output is "
+                             "allocated by the autograd op), got a tensor")
         p_drop = self.ir.dropout_p if dropout_p is None else float(dropout_p)
+        self._check_dropout(p_drop)
+        sc = self.ir.scale if scale is None else float(scale)
+        det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
+        rng = _autograd.make_rng(seed if p_drop > 0 else 0, offset)
+        o, lse = _autograd.attention_op(self, q, k, v, scale=sc, dropout_p=p_drop, rng=rng, buffers=values,
+                                        deterministic=det)
+        return (o, lse) if return_lse else o
+
+    def _check_dropout(self, p_drop: float) -> None:
         if (p_drop > 0.0) != (self.ir.dropout_p > 0.0):
             raise InputError(
                 f"dropout_p: this kernel was compiled {'with' if self.ir.dropout_p > 0 else 'without'} dropout, "
@@ -106,6 +139,25 @@ class CompiledAttention:
             )
         if not 0.0 <= p_drop < 1.0:
             raise InputError(f"dropout_p: expected a value in [0, 1), got {p_drop}")
+
+    def _launch_forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        return_lse: bool,
+        scale: float | None,
+        dropout_p: float | None,
+        seed: int | None,
+        offset: int,
+        buffers: Mapping[str, torch.Tensor],
+        out: torch.Tensor | None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The forward launch (no autograd): validates, allocates and runs the kernel."""
+        dims = check_inputs(q, k, v, self.ir)
+        p_drop = self.ir.dropout_p if dropout_p is None else float(dropout_p)
+        self._check_dropout(p_drop)
         sc = self.ir.scale if scale is None else float(scale)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
@@ -133,10 +185,7 @@ class CompiledAttention:
             return (o, lse) if return_lse else o
         sched = get_schedule(self.schedule)
         loaded = self.build(q.device)
-        values = dict(self._buffers)
-        if buffers:
-            values.update(buffers)
-        bufs = prepare_buffers(self.ir, values, q.device)
+        bufs = prepare_buffers(self.ir, buffers, q.device)
         ws_n = sched.workspace_floats(self.kernel_source, dims)
         ws = torch.empty(ws_n, device=q.device, dtype=torch.float32) if ws_n else None
         P, Bf = pack_params(q, k, v, o, lse, ws, dims, scale=sc, dropout_p=p_drop, seed=seed, offset=offset,
@@ -146,6 +195,19 @@ class CompiledAttention:
                    self.kernel_source.smem_bytes, P, Bf, q.device)
         self.last_seed, self.last_offset = seed, offset
         return (o, lse) if return_lse else o
+
+    def backward_source(self, deterministic: bool = False) -> str:
+        """The CUDA of the backward kernels (always the v2 backward, whatever the forward schedule)."""
+        from .runtime.backward import bwd_source
+
+        return bwd_source(self.ir, self.target, deterministic=deterministic, options=self.backward_options).source
+
+
+def _require_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+            raise InputError(f"{name}: expected a CUDA tensor, got {getattr(t, 'device', type(t).__name__)}; "
+                             f"move it with .cuda()")
 
 
 _cache_lock = threading.Lock()
@@ -175,27 +237,56 @@ def compile(
     *,
     target: Target | str | None = None,
     build: bool | None = None,
+    seqlen_hint: int | None = None,
     **plan_options: Any,
 ) -> CompiledAttention:
     """Compile ``spec`` with ``schedule`` ("auto", "v1" or "v2") for ``target`` (default: this GPU).
 
-    Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs`` for v2; ``sram_budget``
-    for v1) override the planner's choice after the same feasibility checks.  ``build`` compiles
-    eagerly (default: when ``target`` is the current GPU).  Kernels are cached by the IR's
-    structure, schedule, plan and target: compiling an equal spec again compiles nothing.
+    Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs``, ``stages`` for v2;
+    ``sram_budget`` for v1) override the planner's choice after the same feasibility checks.  With
+    ``schedule="auto"`` and no plan options, a plan autotuned on this GPU
+    (:func:`attncompiler.runtime.autotune.autotune`) is used when one exists: the one tuned for
+    ``seqlen_hint``'s bucket (the query length the kernel will mostly see), else the nearest tuned
+    bucket (``seqlen_hint`` None: the largest); otherwise the model's choice.  Any tuned plan is
+    correct at every length -- the hint only picks the fastest.  ``build`` compiles eagerly
+    (default: when ``target`` is the current GPU).  Kernels are cached by the IR's structure,
+    schedule, plan and target: compiling an equal spec again compiles nothing.
     """
+    import dataclasses
+
     if not isinstance(spec, AttentionSpec):
         raise TypeError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+    if seqlen_hint is not None and (isinstance(seqlen_hint, bool) or not isinstance(seqlen_hint, int)
+                                    or seqlen_hint < 1):
+        raise TypeError(f"seqlen_hint: expected a positive int or None, got {seqlen_hint!r}")
     tgt = _resolve_target(target)
     name = auto_schedule(tgt) if schedule == "auto" else schedule
     sched: Schedule = get_schedule(name)
     traced = spec.trace()
     ir = build_ir(spec)
-    key = (ir.key(), name, tgt.name, tuple(sorted(plan_options.items())))
+    ir_key = ir.key()
+    tuned_reason = None
+    if schedule == "auto" and not plan_options:
+        from .runtime.autotune import find_tuned
+
+        found = find_tuned(ir, tgt, seqlen_hint, schedule=name, ir_key=ir_key)
+        if found is not None:
+            plan_options = dict(found.options)
+            tuned_reason = (f"autotuned on {found.key.gpu_name} for seqlen bucket {found.key.seqlen_bucket}"
+                            f"{'' if seqlen_hint is None else f' (hint {seqlen_hint})'}: {found.ms:.4g} ms vs the "
+                            f"model's {found.default_ms:.4g} ms ({found.path or 'in memory'})")
+    key = (ir_key, name, tgt.name, tuple(sorted(plan_options.items())))
     with _cache_lock:
         hit = _compiled.get(key)
     if hit is None:
-        plan = sched.make_plan(ir, tgt, **plan_options)
+        try:
+            plan = sched.make_plan(ir, tgt, **plan_options)
+        except ValueError:
+            if tuned_reason is None:
+                raise
+            plan, tuned_reason = sched.make_plan(ir, tgt), None  # a stale tuned plan: the model's choice
+        if tuned_reason is not None:
+            plan = dataclasses.replace(plan, reasons=(tuned_reason, *plan.reasons))
         ks = sched.render(ir, plan, tgt)
         hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values))
         with _cache_lock:
@@ -211,6 +302,24 @@ def compile(
 
 
 _fn_cache: dict[tuple, AttentionSpec] = {}
+_fn_kernels: dict[int, CompiledAttention] = {}
+
+
+@torch.compiler.assume_constant_result
+def _functional_kernel_id(head_dim: int, head_dim_v: int, dtype: torch.dtype, causal: bool, score_mod: Callable | None,
+                          mask_mod: Callable | None, dropout_p: float, schedule: str) -> int:
+    """Compile (once per key) the functional API's kernel; returns its id.  Under torch.compile this
+    runs at trace time and its result is a constant of the graph (no graph break)."""
+    key = (head_dim, head_dim_v, dtype, causal, score_mod, mask_mod, dropout_p > 0, schedule)
+    spec = _fn_cache.get(key)
+    if spec is None:
+        spec = AttentionSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype, causal=causal,
+                             score_mod=score_mod, mask_mod=mask_mod, dropout_p=dropout_p)
+        _fn_cache[key] = spec
+    kern = compile(spec, schedule)
+    with _cache_lock:
+        _fn_kernels.setdefault(kern._op_id, kern)
+    return kern._op_id
 
 
 def attention(
@@ -226,21 +335,20 @@ def attention(
     schedule: str = "auto",
     return_lse: bool = False,
     seed: int | None = None,
+    deterministic: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Functional attention with FlexAttention-style mods; compiled kernels are cached.
 
-    Tensors as for :class:`CompiledAttention`.  A mod is traced once per function object; tensors it
-    captures are read at call time from the traced spec.
+    Tensors as for :class:`CompiledAttention`; differentiable and usable under ``torch.compile``
+    (fullgraph) like it.  A mod is traced once per function object; tensors it captures are read at
+    call time from the traced spec.  The dropout probability itself is a run-time value.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise InputError(f"q: expected a 4-d torch.Tensor (B, H, N, D), got {getattr(q, 'shape', type(q).__name__)}")
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         raise InputError(f"v: expected a 4-d torch.Tensor (B, H, N, DV), got {getattr(v, 'shape', type(v).__name__)}")
-    key = (q.shape[-1], v.shape[-1], q.dtype, causal, score_mod, mask_mod, dropout_p > 0, schedule)
-    spec = _fn_cache.get(key)
-    if spec is None:
-        spec = AttentionSpec(head_dim=q.shape[-1], head_dim_v=v.shape[-1], dtype=q.dtype, causal=causal,
-                             score_mod=score_mod, mask_mod=mask_mod, dropout_p=dropout_p)
-        _fn_cache[key] = spec
-    kern = compile(spec, schedule)
-    return kern(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed)
+    kid = _functional_kernel_id(int(q.shape[-1]), int(v.shape[-1]), q.dtype, causal, score_mod, mask_mod,
+                                float(dropout_p), schedule)
+    kern = _fn_kernels[kid]
+    return kern(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed,
+                deterministic=deterministic)

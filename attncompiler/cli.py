@@ -1,13 +1,18 @@
 """The ``attncompiler`` command: show generated CUDA, explain plans, run a variant on the GPU.
 
-    attncompiler show SPEC [--schedule v1|v2] [--arch sm_90]    print the generated CUDA
-    attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES]
+    attncompiler show SPEC [--schedule v1|v2] [--arch sm_90] [--backward [--deterministic]]
+                                                                print the generated CUDA
+    attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES] [--shape B,H,N]
     attncompiler run  SPEC [--schedule ...] [--shape B,H,N]     compile, check against float64, time
+    attncompiler tune SPEC --shape B,H,N,D [--schedule v2] [--max-candidates K] [--force]
     attncompiler presets                                        list preset names
 
 SPEC is a preset name (``causal``, ``alibi``, ...) or ``path/to/file.py:NAME`` where NAME is an
 AttentionSpec or a function returning one.  Without a GPU, ``run`` plans, renders and compiles the
-kernel with nvcc for the given arch instead of running it.
+kernel with nvcc for the given arch instead of running it.  ``plan --all`` adds the resource model
+(sympy expressions and constraints) and every candidate with its verdict; ``--sram-budget`` is
+FA1's M for v1 (it selects v1 under ``--schedule auto``).  ``tune`` (GPU) benchmarks the feasible
+plans, prints every candidate's time and keeps the fastest for ``compile(schedule="auto")``.
 """
 from __future__ import annotations
 
@@ -68,34 +73,86 @@ def _kernel_source(args):
 
     spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads, seqlen=args.seqlen)
     tgt = _target(args.arch)
+    budget = getattr(args, "sram_budget", None)
+    if budget is not None and args.schedule == "v2":
+        raise ValueError(f"--sram-budget is FA1's M: expected --schedule v1 (or auto), got --schedule {args.schedule}")
+    if budget is not None and args.schedule == "auto":
+        print("note: --sram-budget is FA1's M, so the v1 schedule is planned", file=sys.stderr)
+        args.schedule = "v1"
     name = auto_schedule(tgt) if args.schedule == "auto" else args.schedule
     sched = get_schedule(name)
     ir = build_ir(spec)
-    opts = {"sram_budget": args.sram_budget} if name == "v1" and getattr(args, "sram_budget", None) else {}
+    opts = {"sram_budget": budget} if name == "v1" and budget is not None else {}
     plan = sched.make_plan(ir, tgt, **opts)
     return spec, ir, tgt, sched, sched.render(ir, plan, tgt)
 
 
 def _cmd_show(args) -> int:
+    if getattr(args, "backward", False):
+        from .codegen.v2_bwd import make_bwd_plan, render_bwd
+        from .ir.build import build_ir
+
+        spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads,
+                         seqlen=args.seqlen)
+        tgt = _target(args.arch)
+        ir = build_ir(spec)
+        print(render_bwd(ir, make_bwd_plan(ir, tgt, deterministic=args.deterministic), tgt).source)
+        return 0
     _, _, _, _, ks = _kernel_source(args)
     print(ks.source)
     return 0
 
 
+def _ints(text: str, n: int, what: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        vals = ()
+    if len(vals) != n or min(vals) <= 0:
+        raise ValueError(f"--shape: expected {what} ({n} positive ints), got {text!r}")
+    return vals
+
+
 def _cmd_plan(args) -> int:
     from .ir.build import format_ir
-    from .plan.planner import candidates_v2, format_candidates, format_io_report, io_report
+    from .plan.planner import candidates_v2, format_candidates, format_io_report, format_resource_model, io_report
 
+    if args.shape:
+        B, H, N = _ints(args.shape, 3, "B,H,N")
+        args.heads, args.seqlen = H, N
+    else:
+        N = args.seqlen
+        B, H = max(1, 16384 // N), args.heads
     _, ir, tgt, _, ks = _kernel_source(args)
     print(format_ir(ir))
     print()
     print(ks.plan.describe())
     print()
-    N = args.seqlen
-    print(format_io_report(io_report(ks.plan, 16384 // N or 1, args.heads, N, N, causal=ir.mask_expr is not None)))
-    if args.all and ks.schedule == "v2":
+    # masked tiles the classifier proves empty are skipped by the kernels, and in the report
+    print(format_io_report(io_report(ks.plan, B, H, N, N, mask=ir.mask_expr)))
+    if args.all:
         print()
-        print(format_candidates(candidates_v2(ir, tgt)))
+        print(format_resource_model(ks.schedule))
+        if ks.schedule == "v2":
+            print()
+            print(format_candidates(candidates_v2(ir, tgt)))
+    return 0
+
+
+def _cmd_tune(args) -> int:
+    from .runtime.autotune import TuneError, autotune, format_tune_result
+
+    B, H, N, D = _ints(args.shape, 4, "B,H,N,D")
+    spec = load_spec(args.spec, head_dim=D, dtype=args.dtype, num_heads=H, seqlen=N)
+    if args.schedule == "auto":
+        args.schedule = "v2"
+    try:
+        res = autotune(spec, (B, H, N, D), schedule=args.schedule, max_candidates=args.max_candidates,
+                       force=args.force, reps=args.reps, progress=not args.quiet)
+    except TuneError as e:
+        print(f"attncompiler: tune: {e}", file=sys.stderr)
+        return 2
+    print(format_tune_result(res))
     return 0
 
 
@@ -182,16 +239,29 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="print the generated CUDA source")
     common(p)
+    p.add_argument("--backward", action="store_true",
+                   help="print the backward kernels (v2 backward, whatever --schedule says)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="with --backward: the deterministic variant (separate dQ pass, no atomics)")
     p.set_defaults(fn=_cmd_show)
     p = sub.add_parser("plan", help="print the IR, the plan and why, and the IO report")
     common(p)
     p.add_argument("--all", action="store_true", help="list every candidate, accepted and rejected, with why")
-    p.add_argument("--sram-budget", type=int, default=None, help="v1: FA1's M in bytes")
+    p.add_argument("--sram-budget", type=int, default=None, help="v1: FA1's M in bytes (selects v1 under auto)")
+    p.add_argument("--shape", default=None, help="B,H,N for the IO report (default B=16384/N, --heads, --seqlen)")
     p.set_defaults(fn=_cmd_plan)
     p = sub.add_parser("run", help="compile, check against the float64 reference and time (GPU)")
     common(p)
     p.add_argument("--shape", default="2,16,1024", help="B,H,N (default 2,16,1024)")
     p.set_defaults(fn=_cmd_run)
+    p = sub.add_parser("tune", help="benchmark the feasible plans on this GPU and keep the fastest")
+    common(p)
+    p.add_argument("--shape", required=True, help="B,H,N,D (D sets the head dim)")
+    p.add_argument("--max-candidates", type=int, default=12, help="plans to benchmark, best-ranked first")
+    p.add_argument("--reps", type=int, default=10, help="timed batches per candidate (median)")
+    p.add_argument("--force", action="store_true", help="re-benchmark even if a tuned plan is cached")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=_cmd_tune)
     p = sub.add_parser("presets", help="list preset names")
     p.set_defaults(fn=_cmd_presets)
     return ap

@@ -9,6 +9,8 @@ ATTNCOMPILER_DISABLE_CACHE     "1": never read or write the disk cache (memory c
 ATTNCOMPILER_CUDA_INCLUDE      extra include folder holding cuda_fp16.h / cuda_bf16.h for NVRTC
 ATTNCOMPILER_NVCC              the nvcc used for offline compile checks (default: nvcc on PATH)
 ATTNCOMPILER_VERBOSE           "1": print each compilation and its time to stderr
+ATTNCOMPILER_TUNED_DIR         where autotuned plans are kept (default: <cache dir>/tuned)
+ATTNCOMPILER_USE_TUNED         "0": ``compile(schedule="auto")`` ignores autotuned plans (default "1")
 =============================  =================================================================
 """
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "disk_cache_enabled", "cuda_include_override", "nvcc_path", "verbose", "ENV_VARS"]
+__all__ = ["cache_dir", "disk_cache_enabled", "cuda_include_override", "nvcc_path", "verbose", "tuned_dir",
+           "use_tuned", "ENV_VARS"]
 
 ENV_VARS = (
     "ATTNCOMPILER_CACHE_DIR",
@@ -24,6 +27,8 @@ ENV_VARS = (
     "ATTNCOMPILER_CUDA_INCLUDE",
     "ATTNCOMPILER_NVCC",
     "ATTNCOMPILER_VERBOSE",
+    "ATTNCOMPILER_TUNED_DIR",
+    "ATTNCOMPILER_USE_TUNED",
 )
 
 
@@ -50,3 +55,15 @@ def nvcc_path() -> str:
 
 def verbose() -> bool:
     return os.environ.get("ATTNCOMPILER_VERBOSE", "0") in ("1", "true", "yes")
+
+
+def tuned_dir() -> Path:
+    """Where autotuned plans are kept (not created here)."""
+    override = os.environ.get("ATTNCOMPILER_TUNED_DIR")
+    if override:
+        return Path(override).expanduser()
+    return cache_dir() / "tuned"
+
+
+def use_tuned() -> bool:
+    return os.environ.get("ATTNCOMPILER_USE_TUNED", "1") not in ("0", "false", "no")

@@ -12,7 +12,7 @@ import torch
 
 from .reference import eager_attention, error_ratio_check, reference_attention
 
-__all__ = ["CheckResult", "check_kernel", "random_qkv"]
+__all__ = ["CheckResult", "GradCheckResult", "check_kernel", "check_kernel_grads", "random_qkv"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,69 @@ def check_kernel(kernel, B: int, H: int, Nq: int, Nk: int | None = None, *, seed
     lse_err = float(lerr.max()) if lerr.numel() else 0.0
     ok = ok and lse_err <= lse_tol
     return CheckResult(ok, msg, lse_err, (B, H, Nq, Nk))
+
+
+@dataclass(frozen=True)
+class GradCheckResult:
+    """dq, dk, dv (and buffer gradients) of a kernel against the float64 reference."""
+
+    ok: bool
+    messages: tuple[tuple[str, str], ...]
+    shape: tuple[int, int, int, int]
+
+    def __str__(self) -> str:
+        B, H, Nq, Nk = self.shape
+        return f"B={B} H={H} Nq={Nq} Nk={Nk}: " + "; ".join(f"{n}: {m}" for n, m in self.messages)
+
+
+def check_kernel_grads(kernel, B: int, H: int, Nq: int, Nk: int | None = None, *, H_kv: int | None = None,
+                       seed: int = 1234, factor: float = 2.0, layout: str = "bhnd", deterministic: bool = False,
+                       buffer_grads: tuple[str, ...] = (), use_lse: bool = False) -> GradCheckResult:
+    """Backward of ``kernel`` on random inputs against float64 autograd of the reference, by the
+    error-ratio rule (eager autograd in the inputs' dtype sets the bound).  The kernel's gradient
+    outputs are poisoned with NaN before it runs.  ``buffer_grads`` names float buffers made
+    learnable for the check; ``use_lse`` adds lse to the loss (tests dL/dlse)."""
+    from . import autograd
+
+    Nk = Nq if Nk is None else Nk
+    ir = kernel.ir
+    dt = torch.bfloat16 if ir.dtype == "bf16" else torch.float16
+    q, k, v = random_qkv(B, H, Nq, Nk, ir.head_dim, ir.head_dim_v, dt, H_kv=H_kv)
+    if layout == "bnhd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    dout = torch.randn(B, H, Nq, ir.head_dim_v, device=q.device).to(dt)
+    dlse = torch.randn(B, H, Nq, device=q.device) if use_lse else None
+
+    def run(fn, tensors, bufs):
+        leaves = [t.detach().clone().requires_grad_() for t in tensors]
+        bl = {n: (t.detach().clone().requires_grad_() if n in buffer_grads else t) for n, t in bufs.items()}
+        o, lse = fn(*leaves, bl)
+        loss = (o.double() * dout.double()).sum()
+        if dlse is not None:
+            loss = loss + (torch.where(torch.isfinite(lse), lse.double(), 0.0) * dlse.double()).sum()
+        grads = torch.autograd.grad(loss, leaves + [bl[n] for n in buffer_grads])
+        return grads
+
+    bufs = dict(kernel._buffers)
+    old = autograd.POISON_GRADS
+    autograd.POISON_GRADS = True
+    try:
+        got = run(lambda q_, k_, v_, b_: kernel(q_, k_, v_, seed=seed, buffers=b_, return_lse=True,
+                                                deterministic=deterministic), (q, k, v), bufs)
+    finally:
+        autograd.POISON_GRADS = old
+    bufs64 = {n: t.double() if t.is_floating_point() else t for n, t in bufs.items()}
+    ref = run(lambda q_, k_, v_, b_: reference_attention(q_, k_, v_, ir, buffers=b_, seed=seed, return_lse=True),
+              [t.double() for t in (q, k, v)], bufs64)
+    eag = run(lambda q_, k_, v_, b_: eager_attention(q_, k_, v_, ir, buffers=b_, seed=seed, return_lse=True),
+              (q, k, v), bufs)
+    names = ("dq", "dk", "dv", *(f"d{n}" for n in buffer_grads))
+    msgs, ok = [], True
+    for name, g, r, e in zip(names, got, ref, eag):
+        good, msg = error_ratio_check(g, r, e.to(r.device), factor=factor)
+        ok = ok and good
+        msgs.append((name, msg))
+    return GradCheckResult(ok, tuple(msgs), (B, H, Nq, Nk))
 
 
 def run_example(spec, *, B: int = 2, H: int = 4, seqlens: tuple[int, ...] = (113, 1023),

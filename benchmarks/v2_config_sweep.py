@@ -1,13 +1,17 @@
 """Device script: correctness + speed of hand-picked v2 forward tile configs (no planner involved).
 
-    PYTHONPATH=. python3 benchmarks/v2_config_sweep.py [--configs "D,BM,BN,W,QR,STAGES;..."] [--no-hooks]
+    PYTHONPATH=. python3 benchmarks/v2_config_sweep.py [--configs "D,BM,BN,W,QR,STAGES;..."] [--rounds 2]
+                                                       [--no-hooks] [--profile]
 
 Renders the v2 template with a fixed plain/causal prelude, compiles with NVRTC (all kernels first,
-in parallel worker processes, into the on-disk cubin cache), checks against float64 attention on
-small shapes and times B*N = 16k, H*d = 2048 beside SDPA flash and cuDNN (peers timed before and
-after the configs, which also shows the run's timing noise).  The hooks check compiles real specs
-(score_mod, mask_mod, dropout) through the pipeline with the planner's tiles and each STAGES value
-and runs attncompiler.testing.check_kernel on them (Nq == Nk and Nq != Nk, fully masked rows).
+in parallel worker processes, into the on-disk cubin cache), checks against float64 attention
+(N = 113 and 1023, output and LSE poisoned first) and times B*N = 16k tokens, H*d = 2048, N = 16k
+bf16.  Each config is timed in --rounds rounds alternating with SDPA's flash backend on the same
+inputs (the GPU's clock drifts by a few percent over a run, so only adjacent timings are compared);
+cuDNN is timed once per config for reference.  The hooks check compiles real specs (score_mod,
+mask_mod, dropout) through the pipeline with the planner's tiles and STAGES = 1 and 2 and runs
+attncompiler.testing.check_kernel on them (Nq == Nk and Nq != Nk, fully masked rows).  --profile
+launches each config twice at the timed shape and nothing else (for ncu).
 """
 from __future__ import annotations
 
@@ -29,17 +33,12 @@ from attncompiler.runtime.compiler import compile_kernel
 from attncompiler.runtime.launch import AttnInputs, launch, pack_params
 from attncompiler.runtime.params import PARAM_FIELDS, c_struct
 
-# (D, BLOCK_M, BLOCK_N, num_warps, Q in regs, STAGES[, flags]); flags: "+"-joined experiment macros
-# defined before the kernel headers (FLAG_MACROS), "" for the kernel as written.
-DEFAULT_CONFIGS = [
-    (128, 128, 64, 4, 0, 1), (128, 128, 64, 4, 0, 2), (128, 128, 32, 4, 0, 1), (128, 128, 32, 4, 0, 2),
-    (128, 128, 128, 8, 1, 2),
-    (64, 128, 64, 4, 1, 1), (64, 128, 64, 4, 1, 2), (64, 128, 128, 8, 1, 2), (64, 128, 128, 4, 0, 2),
-    (256, 128, 64, 8, 0, 1), (256, 128, 64, 8, 0, 2), (256, 64, 64, 4, 0, 1), (256, 128, 32, 8, 0, 2),
+# (D, BLOCK_M, BLOCK_N, num_warps, Q in regs, STAGES)
+DEFAULT_CONFIGS = [  # best first per head dim (docs/perf-notes.md), then the runners-up
+    (128, 128, 64, 4, 0, 2), (128, 128, 48, 4, 0, 2), (128, 128, 64, 4, 0, 1), (128, 128, 32, 4, 0, 2),
+    (64, 128, 64, 4, 1, 2), (64, 128, 128, 4, 0, 2), (64, 128, 64, 4, 1, 1),
+    (256, 128, 128, 8, 0, 1), (256, 128, 64, 8, 0, 2), (256, 128, 64, 8, 0, 1),
 ]
-
-
-FLAG_MACROS: dict[str, str] = {"late": "AC_V2_S2_LATE", "always": "AC_V2_ALWAYS_RESCALE"}
 
 
 def smem_bytes(D: int, DV: int, BM: int, BN: int, stages: int) -> int:
@@ -47,8 +46,8 @@ def smem_bytes(D: int, DV: int, BM: int, BN: int, stages: int) -> int:
     return (BM * (max(D, DV) + 8) + stages * BN * ((D + 8) + (DV + 8))) * 2
 
 
-def prelude(causal: bool, flags: str = "") -> str:
-    return "\n".join([f"#define {FLAG_MACROS[f]} 1" for f in flags.split("+") if f] + [
+def prelude(causal: bool) -> str:
+    return "\n".join([
         "typedef __nv_bfloat16 ac_elem_t;", c_struct("AttnParams", PARAM_FIELDS), c_struct("AttnBuffers", ()),
         "struct Variant {",
         "  static constexpr bool kHasScoreMod = false;",
@@ -61,8 +60,8 @@ def prelude(causal: bool, flags: str = "") -> str:
         "};"])
 
 
-def source(D, BM, BN, W, QR, S, causal, flags="") -> str:
-    return render_source("v2_fwd.cu.j2", name="sweep", prelude=prelude(causal, flags), plan_text="sweep", head_dim=D,
+def source(D, BM, BN, W, QR, S, causal) -> str:
+    return render_source("v2_fwd.cu.j2", name="sweep", prelude=prelude(causal), plan_text="sweep", head_dim=D,
                          head_dim_v=D, block_m=BM, block_n=BN, num_warps=W, q_in_regs=bool(QR), min_ctas=1,
                          smem_bytes=smem_bytes(D, D, BM, BN, S), stages=S)
 
@@ -126,20 +125,6 @@ def tflops(fn, B, H, N, D, causal, rep=200):
     return 4 * B * H * N * N * D / (2 if causal else 1) / ms / 1e9
 
 
-def peers(tag: str) -> dict:
-    from torch.nn.attention import sdpa_kernel, SDPBackend
-    out = {}
-    for D in (64, 128, 256):
-        H = 2048 // D; N = 16384; B = 1
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        for causal in (False, True):
-            for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                with sdpa_kernel([be]):
-                    out[(name, D, causal)] = tflops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), B, H, N, D, causal)
-                print(f"peer[{tag}] {name} D={D} causal={causal}: {out[(name, D, causal)]:.0f} TFLOP/s", flush=True)
-    return out
-
-
 MMA_PEAK_SRC = r"""
 extern "C" __global__ void mma_peak(float* out, int iters) {
   unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3f803f80u, b1 = b0 + 1u;
@@ -189,36 +174,80 @@ def hook_kernels(stages_list, target=None):
         base = ac.compile(spec, "v2", target=target, build=False)
         pl, ir, ks = base.plan, base.ir, base.kernel_source
         for S in stages_list:
-            smem = smem_bytes(ir.head_dim, ir.head_dim_v, pl.block_m, pl.block_n, S)
+            bn = pl.block_n
+            smem = smem_bytes(ir.head_dim, ir.head_dim_v, pl.block_m, bn, S)
             src = render_source("v2_fwd.cu.j2", name=ir.name, prelude=render_prelude(ir), plan_text=pl.describe(),
                                 head_dim=ir.head_dim, head_dim_v=ir.head_dim_v, block_m=pl.block_m,
-                                block_n=pl.block_n, num_warps=pl.num_warps, q_in_regs=bool(pl.q_in_regs),
+                                block_n=bn, num_warps=pl.num_warps, q_in_regs=bool(pl.q_in_regs),
                                 min_ctas=1, smem_bytes=smem, stages=S)
             kern = dataclasses.replace(base, kernel_source=dataclasses.replace(ks, source=src, smem_bytes=smem),
                                        _loaded={}, _lock=threading.Lock())
-            out.append((f"{name} D={ir.head_dim} BM={pl.block_m} BN={pl.block_n} W={pl.num_warps} "
+            out.append((f"{name} D={ir.head_dim} BM={pl.block_m} BN={bn} W={pl.num_warps} "
                          f"QR={int(bool(pl.q_in_regs))} S={S}", kern))
     return out
+
+
+def flash_fn(q, k, v, causal, backend):
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def fn():
+        with sdpa_kernel([be]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return fn
+
+
+def check(kern, smem, c, causal) -> bool:
+    D, BM, BN, W, QR, S = c
+    ok = True
+    for N in (113, 1023):
+        q, k, v = (torch.randn(2, 3, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fn, o, lse = run(kern, smem, BM, W, q, k, v)
+        o.fill_(float("nan")); lse.fill_(float("nan")); fn(); torch.cuda.synchronize()
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        eag = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal).bfloat16()
+        err = (o.double() - ref).abs().max().item(); eerr = (eag.double() - ref).abs().max().item()
+        s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+        if causal:
+            s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        lerr = (lse.double() - torch.logsumexp(s, -1)).abs().max().item()
+        good = err <= 2 * eerr + 1e-3 and lerr < 1e-3 and not math.isnan(err) and not math.isnan(lerr)
+        ok &= good
+        print(f"check D={D} BM={BM} BN={BN} W={W} QR={QR} S={S} causal={causal} N={N}: err {err:.2e} "
+              f"eager {eerr:.2e} lse {lerr:.1e} {'OK' if good else 'FAIL'}", flush=True)
+    return ok
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="", help='"D,BM,BN,W,QR,STAGES;..." (default: the built-in list)')
+    ap.add_argument("--rounds", type=int, default=2, help="timing rounds, each ours then flash")
     ap.add_argument("--no-hooks", action="store_true")
-    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="for ncu: no checks or timing, each config (non-causal, then causal) launched twice")
     args = ap.parse_args()
-    configs = ([tuple(int(x) for x in c.split(",")[:6]) + tuple(c.split(",")[6:7]) for c in args.configs.split(";")
-                if c.strip()] if args.configs else DEFAULT_CONFIGS)
-    configs = [c if len(c) == 7 else c + ("",) for c in configs]
+    configs = ([tuple(int(x) for x in c.split(",")) for c in args.configs.split(";") if c.strip()]
+               if args.configs else DEFAULT_CONFIGS)
     torch.manual_seed(0)
     arch = "sm_%d%d" % torch.cuda.get_device_capability()
     print(torch.cuda.get_device_name(), arch, time.strftime("%Y-%m-%d %H:%M"), flush=True)
 
-    srcs = {(c, causal): source(*c[:6], causal, c[6]) for c in configs for causal in (False, True)}
+    srcs = {(c, causal): source(*c, causal) for c in configs for causal in (False, True)}
+    if args.profile:
+        prewarm(list(srcs.values()), arch)
+        for (c, causal), src in srcs.items():
+            D, BM, BN, W, QR, S = c
+            smem = smem_bytes(D, D, BM, BN, S)
+            kern, _ = build(src, smem)
+            q, k, v = (torch.randn(1, 2048 // D, 16384, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            fn, o, lse = run(kern, smem, BM, W, q, k, v)
+            fn(); fn(); torch.cuda.synchronize()
+            print(f"profiled D={D} BM={BM} BN={BN} W={W} QR={QR} S={S} causal={causal} {func_regs(kern)}", flush=True)
+        return 0
     hooks = []
     if not args.no_hooks:
         try:
-            hooks = hook_kernels(sorted({c[5] for c in configs if not c[6]}))
+            hooks = hook_kernels([1, 2])
         except Exception as e:
             print(f"hooks: could not build the specs ({type(e).__name__}: {e})", flush=True)
     prewarm(list(srcs.values()) + [k.source for _, k in hooks], arch)
@@ -235,45 +264,32 @@ def main() -> int:
         print(f"mma.sync m16n8k16 bf16 ceiling: {mma_peak():.0f} TFLOP/s", flush=True)
     except Exception as e:
         print(f"mma peak: failed ({type(e).__name__}: {e})", flush=True)
-    peer0 = {} if args.no_peers else peers("before")
     rows = []
     for c in configs:
-        D, BM, BN, W, QR, S, X = c
+        D, BM, BN, W, QR, S = c
         for causal in (False, True):
             smem = smem_bytes(D, D, BM, BN, S)
             kern, ct = build(srcs[(c, causal)], smem)
-            ok = True
-            for N in (113, 1023):
-                q, k, v = (torch.randn(2, 3, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                fn, o, lse = run(kern, smem, BM, W, q, k, v)
-                o.fill_(float("nan")); lse.fill_(float("nan")); fn(); torch.cuda.synchronize()
-                ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
-                eag = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal).bfloat16()
-                err = (o.double() - ref).abs().max().item(); eerr = (eag.double() - ref).abs().max().item()
-                s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
-                if causal:
-                    s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
-                lerr = (lse.double() - torch.logsumexp(s, -1)).abs().max().item()
-                good = err <= 2 * eerr + 1e-3 and lerr < 1e-3 and not math.isnan(err) and not math.isnan(lerr)
-                ok &= good
-                print(f"check D={D} BM={BM} BN={BN} W={W} QR={QR} S={S}{X} causal={causal} N={N}: err {err:.2e} "
-                      f"eager {eerr:.2e} lse {lerr:.1e} {'OK' if good else 'FAIL'}", flush=True)
+            ok = check(kern, smem, c, causal)
             ok_all &= ok
             N = 16384; H = 2048 // D; B = 16384 // N
             q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             fn, o, lse = run(kern, smem, BM, W, q, k, v)
-            tf = tflops(fn, B, H, N, D, causal)
-            rows.append((D, BM, BN, W, QR, f"{S}{'+' + X if X else ''}", causal, tf, ok, smem, func_regs(kern)))
-            print(f"time D={D} BM={BM} BN={BN} W={W} QR={QR} S={S}{X} causal={causal}: {tf:.0f} TFLOP/s "
-                  f"(compile/load {ct:.2f}s)", flush=True)
-    peer1 = {} if args.no_peers else peers("after")
+            ours, flash = [], []
+            for _ in range(args.rounds):
+                ours.append(tflops(fn, B, H, N, D, causal))
+                flash.append(tflops(flash_fn(q, k, v, causal, "flash"), B, H, N, D, causal))
+            cudnn = tflops(flash_fn(q, k, v, causal, "cudnn"), B, H, N, D, causal)
+            o_med, f_med = sorted(ours)[len(ours) // 2], sorted(flash)[len(flash) // 2]
+            rows.append((D, BM, BN, W, QR, S, causal, o_med, f_med, cudnn, ok, smem, func_regs(kern)))
+            print(f"time D={D} BM={BM} BN={BN} W={W} QR={QR} S={S} causal={causal}: ours "
+                  f"{' '.join(f'{x:.0f}' for x in ours)} flash {' '.join(f'{x:.0f}' for x in flash)} cudnn "
+                  f"{cudnn:.0f} TFLOP/s", flush=True)
 
-    print("\nD BM BN W QR S causal TFLOP/s ok smem regs | flash cudnn (before/after)")
+    print("\nD BM BN W QR S causal | ours flash cudnn TFLOP/s (median of rounds) | ours/flash | ok smem regs")
     for r in rows:
-        D, causal = r[0], r[6]
-        pf = "/".join(f"{p[('flash', D, causal)]:.0f}" for p in (peer0, peer1) if p)
-        pc = "/".join(f"{p[('cudnn', D, causal)]:.0f}" for p in (peer0, peer1) if p)
-        print(*r[:7], f"{r[7]:.0f}", "OK" if r[8] else "FAIL", r[9], r[10], "|", pf, pc)
+        print(*r[:7], "|", f"{r[7]:.0f} {r[8]:.0f} {r[9]:.0f}", "|", f"{r[7] / r[8]:.3f}", "|",
+              "OK" if r[10] else "FAIL", r[11], r[12])
     print("ALL OK" if ok_all else "SOME CHECKS FAILED")
     return 0 if ok_all else 1
 

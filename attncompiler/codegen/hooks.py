@@ -3,11 +3,15 @@
 Emits the *prelude* every schedule's translation unit starts with (after common.cuh):
 ``ac_elem_t``, ``struct AttnParams``, ``struct AttnBuffers`` and ``struct Variant`` whose static
 members ``score_mod``, ``mask`` and ``tile_class`` are the FlashInfer-style hooks the kernels call
-(docs/architecture.md, "Hooks").
+(docs/architecture.md, "Hooks").  With ``backward=True`` (the backward translation units) the
+Variant also gets ``score_mod_grad`` -- d score_mod / d score, evaluated at the scaled score,
+derived symbolically by :mod:`attncompiler.ir.grad` -- and ``kScoreModGradIsOne``; the forward's
+prelude is unchanged (byte for byte, so cached forward kernels stay valid).
 """
 from __future__ import annotations
 
 from ..ir.bounds import tile_classifier
+from ..ir.grad import score_grad_expr
 from ..ir.types import AttentionIR
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
 from .cuda_printer import print_cuda
@@ -23,8 +27,11 @@ def _bool(x: bool) -> str:
     return "true" if x else "false"
 
 
-def render_prelude(ir: AttentionIR) -> str:
-    """C++ for the element type, the parameter structs and the ``Variant`` hooks of ``ir``."""
+def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
+    """C++ for the element type, the parameter structs and the ``Variant`` hooks of ``ir``.
+
+    ``backward`` adds the ``score_mod_grad`` hook (raises :class:`attncompiler.ir.grad.GradError`
+    when the derivative has no closed form)."""
     has_score = ir.score_expr is not None
     has_mask = ir.mask_expr is not None
     has_dropout = ir.dropout_p > 0.0
@@ -58,5 +65,17 @@ def render_prelude(ir: AttentionIR) -> str:
         f"                                                   {_HOOK_ARGS}) {{",
     ]
     lines += ["    " + ln for ln in tile_body.strip().splitlines()]
-    lines += ["  }", "};"]
+    lines += ["  }"]
+    if backward:
+        grad = score_grad_expr(ir.score_expr)
+        grad_body = f"return {print_cuda(grad, kind='float', buffers=ir.buffers)};"
+        lines += [
+            f"  // d score_mod / d score at the scaled score: {grad}",
+            f"  static constexpr bool kScoreModGradIsOne = {_bool(grad == 1)};",
+            "  static __device__ __forceinline__ float score_mod_grad(float score, int b, int h, int q_idx, int kv_idx,",
+            f"                                                         {_HOOK_ARGS}) {{",
+            f"    {grad_body}",
+            "  }",
+        ]
+    lines += ["};"]
     return "\n".join(lines)

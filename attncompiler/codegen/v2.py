@@ -34,7 +34,8 @@ class V2Schedule:
             block_m=plan.block_m,
             block_n=plan.block_n,
             num_warps=plan.num_warps,
-            q_in_regs=bool(getattr(plan, "q_in_regs", False)),
+            q_in_regs=bool(plan.q_in_regs),
+            stages=int(plan.stages),
             min_ctas=1,
             smem_bytes=plan.smem_bytes,
         )

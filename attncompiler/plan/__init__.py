@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .model import Candidate, Plan, PlanError, ProblemDims
 from .planner import (
-    IOReport, SCHEDULES, auto_schedule, format_candidates, format_io_report, io_report, plan,
+    IOReport, SCHEDULES, auto_schedule, format_candidates, format_io_report, format_resource_model, io_report, plan,
 )
 from .targets import TARGETS, Target, TargetError, detect_target, get_target, target_names
 from .v1 import V1Plan, fa1_block_sizes, plan_v1
@@ -13,5 +13,5 @@ __all__ = [
     "Target", "TargetError", "TARGETS", "get_target", "detect_target", "target_names",
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
     "plan", "plan_v1", "plan_v2", "candidates_v2", "fa1_block_sizes", "auto_schedule", "SCHEDULES",
-    "io_report", "format_io_report", "format_candidates",
+    "io_report", "format_io_report", "format_candidates", "format_resource_model",
 ]

@@ -164,7 +164,14 @@ class Candidate:
     reason: str
     score: tuple[int, ...] = ()
     rank: int = 0
+    stages: int = 1  # K/V shared-memory buffers
 
     @property
     def config(self) -> tuple[int, int, int]:
         return (self.block_m, self.block_n, self.num_warps)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The plan options that force this candidate (``plan_v2(ir, target, **c.options)``)."""
+        return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
+                "q_in_regs": self.q_in_regs, "stages": self.stages}

@@ -11,7 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import resources as R
 from .model import Candidate, Plan, PlanError, ProblemDims, elem_bytes, resolve_target
+from .resources import evaluate
 from .targets import Target, TargetError, get_target
 from .v1 import V1Plan, plan_v1
 from .v2 import V2Plan, candidates_v2, plan_v2
@@ -19,6 +21,7 @@ from .v2 import V2Plan, candidates_v2, plan_v2
 __all__ = [
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
     "plan", "plan_v1", "plan_v2", "candidates_v2", "io_report", "format_io_report", "format_candidates",
+    "format_resource_model",
     "SCHEDULES", "auto_schedule",
 ]
 
@@ -146,7 +149,42 @@ def _v2_causal_kv_rows(nq: int, nk: int, bm: int, bn: int) -> int:
     return total
 
 
-def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False) -> IOReport:
+@dataclass(frozen=True)
+class _LiveTiles:
+    """Non-empty tiles of a mask: per Q block the K/V rows it reads; per K/V block the Q rows."""
+
+    kv_rows: int  # sum over Q blocks of the rows of their non-empty K/V tiles (v2's K/V reads)
+    pair_rows: int  # sum over non-empty (K/V block, Q block) tiles of the Q block's rows (v1)
+    elements: int  # q x k elements of the non-empty tiles
+    tiles: int
+    live: int
+
+
+def _live_tiles(mask: Any, nq: int, nk: int, bm: int, bn: int) -> _LiveTiles | None:
+    """Tile skipping as the kernels do it (the mask's tile classifier), or None when the classes
+    depend on (b, h) -- the report then counts every tile."""
+    from ..ir.bounds import TILE_EMPTY, tile_classifier
+    from ..spec.symbols import B as SYM_B, H as SYM_H
+
+    cls = tile_classifier(mask)
+    if cls.inputs() & {SYM_B, SYM_H}:
+        return None
+    kv_rows = pair_rows = elements = tiles = live = 0
+    for q_lo in range(0, nq, bm):
+        q_hi = min(q_lo + bm, nq) - 1
+        for kv_lo in range(0, nk, bn):
+            kv_hi = min(kv_lo + bn, nk) - 1
+            tiles += 1
+            if cls.classify(q_lo, q_hi, kv_lo, kv_hi, 0, 0, nq, nk) == TILE_EMPTY:
+                continue
+            live += 1
+            kv_rows += kv_hi - kv_lo + 1
+            pair_rows += q_hi - q_lo + 1
+            elements += (q_hi - q_lo + 1) * (kv_hi - kv_lo + 1)
+    return _LiveTiles(kv_rows, pair_rows, elements, tiles, live)
+
+
+def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False, *, mask: Any = None) -> IOReport:
     """Predicted HBM bytes (standard attention vs. ``plan``'s kernel) and FLOPs for one problem.
 
     standard: read Q, K, V; write S, read S, write P, read P (each Nq x Nk in the element dtype);
@@ -155,51 +193,63 @@ def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False
     O, l, m (under ``causal`` only for the tiles the mask leaves non-empty); a final pass reads the
     fp32 O and writes it in the element dtype.  v2: Q read and O written once; K and V read once per query block,
     Tr = ceil(Nq / BLOCK_M) times (under ``causal`` only up to the diagonal, at BLOCK_N granularity).
-    The optional lse output (Nq fp32 per head) is left out of every count.
+    ``mask`` (an IR's mask_expr) generalizes ``causal``: the tiles its classifier proves empty are
+    skipped in the counts, as the kernels skip them, and FLOPs count the non-empty tiles only.
+    The byte counts are :mod:`.resources`' HBM expressions.  The optional lse output (Nq fp32 per
+    head) is left out of every count.
     """
     B, H, Nq, Nk = (_check_size(n, x) for n, x in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk)))
     d, dv, e = plan.head_dim, plan.head_dim_v, elem_bytes(plan.dtype)
-    bh = B * H
-    flops = 2 * bh * Nq * Nk * (d + dv)
+    vals: dict[Any, int] = {R.BATCH: B, R.HEADS: H, R.NQ: Nq, R.NK: Nk, R.D: d, R.DV: dv, R.ELEM_BYTES: e,
+                            R.BLOCK_M: plan.block_m, R.BLOCK_N: plan.block_n}
+    flops = evaluate(R.FLOPS, vals)
     if causal:
         flops //= 2
-    standard: Terms = (
-        ("Q, K, V read", bh * (Nq * d + Nk * d + Nk * dv) * e),
-        ("S = QK^T written + read by softmax", bh * 2 * Nq * Nk * e),
-        ("P written + read by PV", bh * 2 * Nq * Nk * e),
-        ("O written", bh * Nq * dv * e),
-    )
+    live = _live_tiles(mask, Nq, Nk, plan.block_m, plan.block_n) if mask is not None and not causal else None
+    if live is not None:
+        flops = 2 * B * H * live.elements * (d + dv)
+    labels = {"qkv": "Q, K, V read", "s": "S = QK^T written + read by softmax", "p": "P written + read by PV",
+              "o": "O written"}
+    standard: Terms = tuple((labels[k], evaluate(x, vals)) for k, x in R.STANDARD_HBM_TERMS)
     notes: list[str] = []
     if isinstance(plan, V1Plan):
         tc = -(-Nk // plan.block_c)
-        rows = _v1_pair_rows(Nq, Nk, plan.block_r, plan.block_c, causal)  # sum of Q rows over (j, i) pairs
-        pairs = f"{rows} = Tc*Nq = {tc}*{Nq}" if not causal else f"{rows}, non-empty causal tiles only"
-        sched: Terms = (
-            ("workspace init (A1 line 2): O, l, m fp32 written", bh * Nq * (dv + 2) * 4),
-            ("K_j, V_j read once", bh * Nk * (d + dv) * e),
-            (f"Q_i read per (j, i) pair: rows {pairs}", bh * rows * d * e),
-            ("O_i fp32 read + written per pair", bh * rows * dv * 4 * 2),
-            ("l_i, m_i fp32 read + written per pair", bh * rows * 2 * 4 * 2),
-            ("final pass: O fp32 read, O written (element dtype)", bh * Nq * dv * (4 + e)),
-        )
+        # sum of Q rows over the (j, i) pairs: dense Tc*Nq, or only the tiles causal leaves non-empty
+        rows = (_v1_pair_rows(Nq, Nk, plan.block_r, plan.block_c, causal) if causal
+                else live.pair_rows if live is not None else evaluate(R.V1_PAIR_ROWS_DENSE, vals))
+        pairs = (f"{rows}, non-empty causal tiles only" if causal else f"{rows}, non-empty tiles of the mask only"
+                 if live is not None else f"{rows} = Tc*Nq = {tc}*{Nq}")
+        labels = {
+            "init": "workspace init (A1 line 2): O, l, m fp32 written", "kv": "K_j, V_j read once",
+            "q": f"Q_i read per (j, i) pair: rows {pairs}", "o": "O_i fp32 read + written per pair",
+            "lm": "l_i, m_i fp32 read + written per pair", "final": "final pass: O fp32 read, O written (element dtype)",
+        }
+        sched: Terms = tuple((labels[k], evaluate(x, {**vals, R.PAIR_ROWS: rows})) for k, x in R.V1_HBM_TERMS)
         m = plan.sram_budget_elems
         order = (f"Theta(N^2 d^2 / M): Nq*Nk*d^2/M = {Nq}*{Nk}*{d}^2/{m} = {Nq * Nk * d * d / m:.4g} "
                  f"elements per head")
-        if causal:
+        if causal or live is not None:
             notes.append("standard counts do not skip masked blocks")
     elif isinstance(plan, V2Plan):
         tr = -(-Nq // plan.block_m)
-        if causal:
-            rows = _v2_causal_kv_rows(Nq, Nk, plan.block_m, plan.block_n)
-            kv = (f"K, V read per query block up to the causal diagonal (Tr={tr})", bh * rows * (d + dv) * e)
-        else:
-            kv = (f"K, V read once per query block: Tr={tr}", bh * tr * Nk * (d + dv) * e)
-        sched = (("Q read once", bh * Nq * d * e), ("O written once", bh * Nq * dv * e), kv)
+        rows = (_v2_causal_kv_rows(Nq, Nk, plan.block_m, plan.block_n) if causal
+                else live.kv_rows if live is not None else evaluate(R.V2_KV_ROWS_DENSE, vals))
+        labels = {"q": "Q read once", "o": "O written once",
+                  "kv": (f"K, V read per query block up to the causal diagonal (Tr={tr})" if causal
+                         else f"K, V read per query block, non-empty tiles of the mask only (Tr={tr})"
+                         if live is not None else f"K, V read once per query block: Tr={tr}")}
+        sched = tuple((labels[k], evaluate(x, {**vals, R.KV_ROWS: rows})) for k, x in R.V2_HBM_TERMS)
         order = f"Theta(N d + N^2 d / BLOCK_M): Tr = ceil({Nq} / {plan.block_m}) = {tr} passes over K, V"
-        if causal:
+        if causal or live is not None:
             notes.append("standard counts do not skip masked blocks")
     else:
         raise PlanError(f"io_report has no model for schedule {plan.schedule!r}")
+    if mask is not None and not causal:
+        if live is None:
+            notes.append("the mask's tile classes depend on (b, h): every tile counted")
+        else:
+            notes.append(f"the mask's tile classifier leaves {live.live} of {live.tiles} tiles "
+                         f"({live.elements / (Nq * Nk):.4g} of the score matrix) non-empty; FLOPs count those")
 
     t_std = t_sched = None
     try:
@@ -263,14 +313,41 @@ def format_io_report(report: IOReport) -> str:
 
 def format_candidates(cands: list[Candidate]) -> str:
     """A fixed-width table of candidates: configuration, resources, verdict and reason."""
-    header = ("rank", "BLOCK_M", "BLOCK_N", "warps", "MT", "smem B", "regs", "Q regs", "CTAs/SM", "ok", "reason")
+    header = ("rank", "BLOCK_M", "BLOCK_N", "warps", "stages", "MT", "smem B", "regs", "Q regs", "CTAs/SM", "ok",
+              "reason")
     rows = [header]
     for c in cands:
         rows.append((
-            str(c.rank) if c.accepted else "-", str(c.block_m), str(c.block_n), str(c.num_warps), f"{c.mt:g}",
+            str(c.rank) if c.accepted else "-", str(c.block_m), str(c.block_n), str(c.num_warps), str(c.stages),
+            f"{c.mt:g}",
             str(c.smem_bytes), str(c.est_registers_per_thread) if c.est_registers_per_thread else "-",
             "yes" if c.q_in_regs else "no", str(c.ctas_per_sm) if c.accepted else "-",
             "yes" if c.accepted else "NO", c.reason,
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)
+
+
+def format_resource_model(schedule: str) -> str:
+    """The schedule's resource model: its sympy expressions and feasibility constraints."""
+    from .v1 import V1_SMEM_FITS
+    from .v2 import V2_CONSTRAINTS
+
+    if schedule == "v2":
+        exprs = [("MT", R.MT), ("threads", R.THREADS), ("smem bytes", R.V2_SMEM_BYTES),
+                 *((f"registers: {n}", e) for n, e in R.V2_REGISTER_TERMS), ("registers", R.V2_REGISTERS),
+                 *((f"HBM bytes: {n}", e) for n, e in R.V2_HBM_TERMS), ("KV_ROWS without a mask", R.V2_KV_ROWS_DENSE)]
+        cons: tuple[R.Constraint, ...] = V2_CONSTRAINTS
+    elif schedule == "v1":
+        exprs = [("smem bytes", R.V1_SMEM_BYTES), ("registers", R.V1_REGISTERS),
+                 *((f"HBM bytes: {n}", e) for n, e in R.V1_HBM_TERMS), ("PAIR_ROWS without a mask", R.V1_PAIR_ROWS_DENSE)]
+        cons = (V1_SMEM_FITS,)
+    else:
+        raise PlanError(f"no resource model for schedule {schedule!r}; expected v1 or v2")
+    w = max(len(n) for n, _ in exprs)
+    lines = [f"resource model ({schedule}; attncompiler/plan/resources.py), in BLOCK_M, BLOCK_N, D, DV, WARPS, "
+             f"STAGES, ELEM_BYTES, Q_IN_REGS, HAS_* and BATCH, HEADS, NQ, NK:"]
+    lines += [f"  {n:<{w}} = {e}" for n, e in exprs]
+    lines.append("feasible iff every constraint holds:")
+    lines += [f"  {c.describe()}" for c in cons]
+    return "\n".join(lines)

@@ -7,20 +7,24 @@ FA1 sets, for an on-chip SRAM of M elements and head dim d:
 and then realizes those sizes for the v1 kernel (``templates/v1_fwd.cu.j2``), whose layout facts
 are the module constants below: one thread per query row, Q_i / K_j / V_j tiles and the fp32 S/P
 tile in shared memory; O, l and m stay in the fp32 HBM workspace, read and written once per
-(K/V block j, Q block i) pair exactly as Algorithm 1 does.
+(K/V block j, Q block i) pair exactly as Algorithm 1 does.  Shared memory, registers and HBM
+traffic are the expressions of :mod:`.resources` (``V1_SMEM_BYTES`` with BLOCK_M = B_r, BLOCK_N
+= B_c; ``V1_REGISTERS``; ``V1_HBM_TERMS``); the fit is the constraint :data:`V1_SMEM_FITS`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from . import resources as R
 from .model import Plan, PlanError, occupancy, resolve_dims, resolve_target, elem_bytes
+from .resources import V1_EST_REGISTERS, V1_S_TILE_ELEM_BYTES, Constraint, evaluate
 from .targets import Target
 
 __all__ = [
     "V1Plan", "plan_v1", "fa1_block_sizes", "v1_smem_bytes",
     "V1_MIN_BLOCK_R", "V1_MAX_BLOCK_R", "V1_BLOCK_R_MULTIPLE", "V1_MAX_BLOCK_C", "V1_BLOCK_C_STEP",
-    "V1_MIN_BLOCK_C", "V1_S_TILE_ELEM_BYTES", "V1_EST_REGISTERS", "V1_HEAD_DIM_MULTIPLE",
+    "V1_MIN_BLOCK_C", "V1_S_TILE_ELEM_BYTES", "V1_EST_REGISTERS", "V1_HEAD_DIM_MULTIPLE", "V1_SMEM_FITS",
 ]
 
 # --- facts of the v1 kernel ------------------------------------------------------------------
@@ -31,10 +35,8 @@ V1_MAX_BLOCK_R = 1024  # threads per block (CUDA limit)
 V1_MAX_BLOCK_C = 256  # the kernel's loop over a K/V block is bounded by 256 keys
 V1_BLOCK_C_STEP = 16  # B_c shrinks in steps of 16 keys (a multiple of 16 after the first step)
 V1_MIN_BLOCK_C = 16  # smallest K/V block the shrinking goes to before shrinking B_r
-V1_S_TILE_ELEM_BYTES = 4  # the S/P tile (B_r x B_c) is kept in shared memory as fp32
-# One thread per row with scalar loops and no per-thread arrays (Q_i, O_i stream through smem
-# and HBM), so register use is small; a rough estimate, the real count comes from nvrtc.
-V1_EST_REGISTERS = 64
+#: The realized tiles must fit the SRAM limit (min of the budget and the target's per-block limit).
+V1_SMEM_FITS = Constraint("smem", R.V1_SMEM_BYTES, limit=R.SMEM_LIMIT)
 
 
 def fa1_block_sizes(m_elems: int, d: int) -> tuple[int, int]:
@@ -47,7 +49,7 @@ def fa1_block_sizes(m_elems: int, d: int) -> tuple[int, int]:
 
 def v1_smem_bytes(block_r: int, block_c: int, d: int, dv: int, eb: int = 2) -> int:
     """Shared memory of the v1 kernel: Q_i + K_j + V_j (element dtype) + S/P tile (fp32)."""
-    return block_r * d * eb + block_c * d * eb + block_c * dv * eb + block_r * block_c * V1_S_TILE_ELEM_BYTES
+    return evaluate(R.V1_SMEM_BYTES, {R.BLOCK_M: block_r, R.BLOCK_N: block_c, R.D: d, R.DV: dv, R.ELEM_BYTES: eb})
 
 
 def _smem_formula(br: int, bc: int, d: int, dv: int, eb: int) -> str:
@@ -130,7 +132,11 @@ def plan_v1(ir_or_dims: Any, target: Target | str | None, sram_budget: int | Non
     reasons.append(f"v1 smem = Q_i B_r*D*{eb} + K_j B_c*D*{eb} + V_j B_c*DV*{eb} + S/P tile "
                    f"B_r*B_c*{V1_S_TILE_ELEM_BYTES} (fp32) bytes; limit {limit} B")
     # Shrink until the tiles fit: B_c first (to a multiple of 16, then by 16), then B_r by 32.
-    while v1_smem_bytes(br, bc, d, dv, eb) > limit:
+    def fits(br: int, bc: int) -> bool:
+        return V1_SMEM_FITS.check({R.BLOCK_M: br, R.BLOCK_N: bc, R.D: d, R.DV: dv, R.ELEM_BYTES: eb,
+                                   R.SMEM_LIMIT: limit}).ok
+
+    while not fits(br, bc):
         over = f"smem = {_smem_formula(br, bc, d, dv, eb)} > {limit} B limit on {t.name}"
         if bc > V1_MIN_BLOCK_C:
             new_bc = bc // V1_BLOCK_C_STEP * V1_BLOCK_C_STEP
@@ -152,14 +158,15 @@ def plan_v1(ir_or_dims: Any, target: Target | str | None, sram_budget: int | Non
     if smem > t.static_smem_per_block:
         reasons.append(f"{smem} B > {t.static_smem_per_block} B static limit: launch with the dynamic "
                        f"shared memory opt-in")
-    occ = occupancy(t, smem, V1_EST_REGISTERS, br)
-    reasons.append(occ.explain(t, smem, V1_EST_REGISTERS, br))
+    regs = evaluate(R.V1_REGISTERS)
+    occ = occupancy(t, smem, regs, br)
+    reasons.append(occ.explain(t, smem, regs, br))
     reasons.append("HBM traffic: K_j, V_j read once; Q_i and the fp32 O_i, l_i, m_i are read/written once per "
                    "(j, i) pair, i.e. Tc = ceil(Nk / B_c) passes (FA1 Theorem 2: Theta(N^2 d^2 / M))")
     return V1Plan(
         schedule="v1", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype,
         block_m=br, block_n=bc, num_warps=br // 32, num_threads=br, smem_bytes=smem,
-        est_registers_per_thread=V1_EST_REGISTERS, ctas_per_sm=occ.ctas_per_sm, reasons=tuple(reasons),
+        est_registers_per_thread=regs, ctas_per_sm=occ.ctas_per_sm, reasons=tuple(reasons),
         block_r=br, block_c=bc, sram_budget_bytes=budget, sram_budget_elems=m,
         fa1_block_r=fa1_r, fa1_block_c=fa1_c,
     )

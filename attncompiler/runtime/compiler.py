@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .. import env
 
-__all__ = ["CompileError", "LoadedKernel", "NvccReport", "compile_kernel", "compile_with_nvcc", "nvrtc_options",
-           "compile_stats"]
+__all__ = ["CompileError", "LoadedKernel", "NvccReport", "compile_kernel", "compile_functions", "compile_with_nvcc",
+           "nvrtc_options", "compile_stats", "precompile_to_disk"]
 
 _NVRTC_FLAGS = ("-std=c++17", "-DNDEBUG")
 
@@ -163,6 +163,52 @@ def compile_kernel(source: str, arch: str, device: int, entry: str = "attn_fwd")
         loaded = LoadedKernel(fn, mod, arch, device, dt, from_disk)
         _memory[mkey] = loaded
         return loaded
+
+
+def compile_functions(source: str, arch: str, device: int, entries: tuple[str, ...]) -> dict[str, LoadedKernel]:
+    """Compile ``source`` once (cached as :func:`compile_kernel`) and load each of ``entries`` from
+    the same module (a translation unit holding several kernels, e.g. the backward's)."""
+    if not entries:
+        raise ValueError("compile_functions: expected at least one entry name, got none")
+    first = compile_kernel(source, arch, device, entries[0])
+    out = {entries[0]: first}
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    with _lock:
+        for e in entries[1:]:
+            key = (digest, arch, device, e)
+            hit = _memory.get(key)
+            if hit is None:
+                from cupy.cuda import Device
+
+                with Device(device):
+                    fn = first.module.get_function(e)  # type: ignore[attr-defined]
+                hit = LoadedKernel(fn, first.module, arch, device, first.compile_seconds, first.from_disk_cache)
+                _memory[key] = hit
+            out[e] = hit
+    return out
+
+
+def _nvrtc_to_disk(source: str, arch: str) -> str:
+    """Worker of :func:`precompile_to_disk` (a separate process): NVRTC -> the disk cache."""
+    path = env.cache_dir() / "cubin" / f"{_disk_key(source, arch)}.cubin"
+    if not path.is_file():
+        cubin, _ = _nvrtc_cubin(source, arch, "precompile")
+        _atomic_write(path, cubin)
+    return str(path)
+
+
+def precompile_to_disk(jobs: list[tuple[str, str]], workers: int | None = None) -> int:
+    """Compile (source, arch) pairs with NVRTC in parallel processes into the disk cache, so that
+    later :func:`compile_kernel` calls only load.  Returns how many were compiled (or found)."""
+    if not env.disk_cache_enabled() or not jobs:
+        return 0
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    uniq = list(dict.fromkeys(jobs))
+    n = workers or min(len(uniq), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return len(list(ex.map(_nvrtc_to_disk, *zip(*uniq))))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ..ir.types import AttentionIR
 from ..philox import dropout_threshold
 from .params import PARAM_FIELDS, buffer_fields, ctypes_struct
 
-__all__ = ["InputError", "AttnInputs", "check_inputs", "prepare_buffers", "pack_params", "launch"]
+__all__ = ["InputError", "AttnInputs", "check_inputs", "prepare_buffers", "pack_params", "launch", "launch_structs"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _MAX_GRID_Y = 65535
@@ -178,5 +178,22 @@ def launch(
 
     stream = torch.cuda.current_stream(device).cuda_stream
     args = (ctypes.c_void_p * 2)(ctypes.addressof(params), ctypes.addressof(buffers))
+    driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, stream,
+                        ctypes.addressof(args), 0)
+
+
+def launch_structs(
+    function_ptr: int,
+    grid: tuple[int, int, int],
+    block: int,
+    smem_bytes: int,
+    structs: tuple[ctypes.Structure, ...],
+    device: torch.device,
+) -> None:
+    """cuLaunchKernel with the by-value struct arguments ``structs`` (in order) on torch's current stream."""
+    from cupy.cuda import driver
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    args = (ctypes.c_void_p * len(structs))(*(ctypes.addressof(s) for s in structs))
     driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, stream,
                         ctypes.addressof(args), 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-__all__ = ["PARAM_FIELDS", "CField", "c_struct", "ctypes_struct", "buffer_fields"]
+__all__ = ["PARAM_FIELDS", "BWD_PARAM_FIELDS", "CField", "c_struct", "ctypes_struct", "buffer_fields"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,25 @@ PARAM_FIELDS: tuple[CField, ...] = (
     CField("dropout_rescale", "float", "1 / (1 - dropout_p)"),
     CField("seed", "unsigned long long", "Philox key"),
     CField("offset", "unsigned long long", "Philox counter offset (low 32 bits used)"),
+)
+
+#: The backward kernels' extra parameters (``struct AttnBwdParams``), passed after AttnParams.
+#: ``lse2`` and ``dsum`` are written by the preprocess kernel: float32 (B*H, Nq_pad) rows, Nq_pad a
+#: multiple of the backward's query tile; padded rows hold lse2 = +inf, dsum = 0.
+BWD_PARAM_FIELDS: tuple[CField, ...] = (
+    CField("dout", "const void*", "dO (B, H, Nq, DV) by strides"),
+    CField("dq", "void*", "dQ (B, H, Nq, D) in the element type (separate dQ pass); may be null"),
+    CField("dk", "void*", "dK (B, H_kv, Nk, D)"),
+    CField("dv", "void*", "dV (B, H_kv, Nk, DV)"),
+    CField("dq_accum", "float*", "fp32 dQ accumulator (B, H, Nq, D) contiguous, zeroed (atomic dQ); may be null"),
+    CField("dlse", "const float*", "dL/dlse (B, H, Nq) float32 contiguous; may be null"),
+    CField("lse2", "float*", "lse * log2(e) per row, +inf for empty and padded rows"),
+    CField("dsum", "float*", "D = rowsum(dO * O) - dlse per row, 0 for padded rows"),
+    CField("do_sb", "long long"), CField("do_sh", "long long"), CField("do_sn", "long long"),
+    CField("dq_sb", "long long"), CField("dq_sh", "long long"), CField("dq_sn", "long long"),
+    CField("dk_sb", "long long"), CField("dk_sh", "long long"), CField("dk_sn", "long long"),
+    CField("dv_sb", "long long"), CField("dv_sh", "long long"), CField("dv_sn", "long long"),
+    CField("Nq_pad", "int", "rows of lse2 / dsum per (b, h)"),
 )
 
 

@@ -13,12 +13,15 @@
 //   5. O += P V_j                   (P re-used straight from the S accumulators as A fragments)
 //   6. wait K_{j+1}; barrier
 // STAGES = 2 (two K/V buffers, one barrier per tile), per K/V tile j in buffer s:
-//   1. cp.async K_{j+1}, V_{j+1} into buffer s^1 (a whole tile of latency to hide)
-//   2-5. as above on buffer s
+//   2. S = Q K_j^T
+//   3. cp.async K_{j+1}, V_{j+1} into buffer s^1 (they land under the softmax and P V of tile j)
+//   4-5. as above, V_j from buffer s
 //   6. wait K_{j+1}, V_{j+1}; barrier (also retires every read of buffer s before it is refilled)
-// Tiles that the mask's tile classifier proves EMPTY are skipped. The tile body is instantiated
-// twice: without any mask code (FULL tiles inside the sequence) and with it (PARTIAL tiles and the
-// ragged last tile), so the common path carries no index arithmetic or selects.
+// Step 4 computes the row statistics and rescales O (skipped, by a warp-uniform branch, when no row
+// of the warp changed its max); step 5 then interleaves, per k16 step of P, the exponentials with
+// the P V mma.sync in one basic block. Tiles that the mask's tile classifier proves EMPTY are
+// skipped; the statistics are instantiated twice: without any mask code (FULL tiles) and with it
+// (PARTIAL tiles and the ragged last tile), so the common path carries no index arithmetic.
 //
 // Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant; Cfg supplies
 // D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS, STAGES.
@@ -88,10 +91,12 @@ struct V2Cta {
   float row_sum[MT][2];  // running sum, per-thread partial (reduced over the quad at the end)
   unsigned int q_frag[Cfg::Q_IN_REGS ? MT : 1][Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
 
-  // S = Q K^T for one tile; K fragments from the K buffer at k_addr (this thread's ldmatrix base).
+  // S = Q K^T for one tile, k16 steps [KK0, KK1) (KK0 == 0 starts from zero); K fragments from the
+  // K buffer at k_addr (this thread's ldmatrix base).
+  template <int KK0 = 0, int KK1 = L::KT_QK>
   __device__ __forceinline__ void qk(float (&acc_s)[MT][L::NT_S][4], unsigned int q_addr, unsigned int k_addr) {
 #pragma unroll
-    for (int kk = 0; kk < L::KT_QK; ++kk) {
+    for (int kk = KK0; kk < KK1; ++kk) {
       unsigned int a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -120,16 +125,16 @@ struct V2Cta {
     }
   }
 
-  // score_mod, mask (kMasked only) and the online-softmax statistics of one tile: the new row max,
-  // O and l rescaled by alpha = 2^(m_old - m_new). m_ref receives each row's exp2 reference.
+  // score_mod, mask (kMasked only) and the online-softmax statistics of one tile: the new row max
+  // m, its exp2 reference m_ref, alpha = 2^(m_old - m_ref) (l is rescaled here, O by rescale_o).
+  // Returns whether any row of this thread changed its max (else every alpha is exactly 1).
   template <bool kMasked>
-  __device__ __forceinline__ void softmax_stats(float (&acc_s)[MT][L::NT_S][4], float (&m_ref)[MT][2], int kv0,
-                                                int q_row0, float exp_scale, int b, int h, const AttnParams& p,
-                                                const AttnBuffers& buf) {
+  __device__ __forceinline__ bool softmax_stats(float (&acc_s)[MT][L::NT_S][4], float (&m_ref)[MT][2],
+                                                float (&alpha)[MT][2], int kv0, int q_row0, float exp_scale, int b,
+                                                int h, const AttnParams& p, const AttnBuffers& buf) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
-    float alpha[MT][2];
-    bool rescale = false;
+    bool changed = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -166,22 +171,26 @@ struct V2Cta {
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         // Scores are kept raw (x * exp_scale is the log2-domain score): the scale folds into the
         // exp2's FFMA. Scale > 0, so the max commutes with it.
-        const float m_new = fmaxf(row_max[mt][hf], m * exp_scale);
+        const float m_old = row_max[mt][hf];
+        const float m_new = fmaxf(m_old, m * exp_scale);
         // A row that has seen no visible key keeps m = -inf; use 0 as the reference so that
         // exp2(-inf - ref) = 0 and never NaN.
         m_ref[mt][hf] = (m_new == AC_NEG_INF) ? 0.f : m_new;
-        alpha[mt][hf] = fast_exp2(row_max[mt][hf] - m_ref[mt][hf]);  // exactly 1 when the max is unchanged
-        rescale = rescale || (alpha[mt][hf] != 1.f);
+        alpha[mt][hf] = fast_exp2(m_old - m_ref[mt][hf]);
+        // Unchanged max: alpha = 2^0 = 1 exactly (and a row still at -inf has O = l = 0), so the
+        // rescale may be skipped; tested on the max, not on alpha, to stay off the MUFU latency.
+        changed = changed || (m_new != m_old);
         row_max[mt][hf] = m_new;
         row_sum[mt][hf] *= alpha[mt][hf];
       }
     }
-    // O *= alpha only when some row of the warp changed its max (after the first tiles of a long
-    // sequence, most tiles change none): a warp-uniform branch around MT * DV / 2 multiplies.
-#ifndef AC_V2_ALWAYS_RESCALE
-    if (__any_sync(0xffffffffu, rescale))
-#endif
-    {
+    return changed;
+  }
+
+  // O *= alpha only when some row of the warp changed its max (after the first tiles of a long
+  // sequence, most tiles change none): a warp-uniform branch around MT * DV / 2 multiplies.
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[MT][2], bool changed) {
+    if (__any_sync(0xffffffffu, changed)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -195,41 +204,47 @@ struct V2Cta {
     }
   }
 
-  // P = 2^(S * exp_scale - m_ref) (summed into l), dropout, and O += P V, one k16 step of P at a time:
-  // the exponentials of step kk + 1 overlap the mma.sync of step kk in one basic block. P's A
-  // fragments are the S accumulators (C layout of two n8 tiles = A layout of k16).
-  __device__ __forceinline__ void exp_pv(float (&acc_s)[MT][L::NT_S][4], const float (&m_ref)[MT][2], float exp_scale,
-                                         unsigned int v_addr, int kv0, int q_row0, int b, int h,
-                                         const AttnParams& p) {
+  // P = 2^(S * exp_scale - m_ref) for the n8 tiles [nt0, nt0 + NT) (summed into l), then dropout.
+  template <int NT>
+  __device__ __forceinline__ void exp_tiles(float (&acc_s)[MT][L::NT_S][4], const float (&m_ref)[MT][2],
+                                            float exp_scale, int nt0, int kv0, int q_row0, int b, int h,
+                                            const AttnParams& p) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
-    float nm[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) nm[mt][0] = -m_ref[mt][0], nm[mt][1] = -m_ref[mt][1];
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int kk = 0; kk < L::KT_PV; ++kk) {
+      for (int n = 0; n < NT; ++n) {
+        float* c = acc_s[mt][nt0 + n];
+        c[0] = fast_exp2(fmaf(c[0], exp_scale, -m_ref[mt][0]));
+        c[1] = fast_exp2(fmaf(c[1], exp_scale, -m_ref[mt][0]));
+        c[2] = fast_exp2(fmaf(c[2], exp_scale, -m_ref[mt][1]));
+        c[3] = fast_exp2(fmaf(c[3], exp_scale, -m_ref[mt][1]));
+        row_sum[mt][0] += c[0] + c[1];
+        row_sum[mt][1] += c[2] + c[3];
+        if constexpr (Variant::kHasDropout) {
+          // One Philox call per (m16, n8) tile and thread covers its four elements
+          // (docs/architecture.md); l above is the sum before dropout.
+          const ac_u32x4 w = ac_dropout_words(p, b, h, q_row0 + mt * 16 + g, kv0 + (nt0 + n) * 8 + 2 * t);
+          c[0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          c[1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          c[2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+          c[3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        }
+      }
+    }
+  }
+
+  // O += P V for the k16 steps [kk0, kk0 + KK) of P; P's A fragments are the S accumulators (C
+  // layout of two n8 tiles = A layout of k16).
+  template <int KK>
+  __device__ __forceinline__ void pv(float (&acc_s)[MT][L::NT_S][4], unsigned int v_addr, int kk0) {
+#pragma unroll
+    for (int k = 0; k < KK; ++k) {
+      const int kk = kk0 + k;
       unsigned int a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int n2 = 0; n2 < 2; ++n2) {
-          float* c = acc_s[mt][2 * kk + n2];
-          c[0] = fast_exp2(fmaf(c[0], exp_scale, nm[mt][0]));
-          c[1] = fast_exp2(fmaf(c[1], exp_scale, nm[mt][0]));
-          c[2] = fast_exp2(fmaf(c[2], exp_scale, nm[mt][1]));
-          c[3] = fast_exp2(fmaf(c[3], exp_scale, nm[mt][1]));
-          row_sum[mt][0] += c[0] + c[1];
-          row_sum[mt][1] += c[2] + c[3];
-          if constexpr (Variant::kHasDropout) {
-            // One Philox call per (m16, n8) tile and thread covers its four elements
-            // (docs/architecture.md); l above is the sum before dropout.
-            const ac_u32x4 w = ac_dropout_words(p, b, h, q_row0 + mt * 16 + g, kv0 + (2 * kk + n2) * 8 + 2 * t);
-            c[0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-            c[1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-            c[2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-            c[3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
-          }
-        }
         a[mt][0] = Tr::pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
         a[mt][1] = Tr::pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
         a[mt][2] = Tr::pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
@@ -245,6 +260,20 @@ struct V2Cta {
           mma_16816<Tr::kIsBf16>(acc_o[mt][2 * np + 1], a[mt], bv[2], bv[3]);
         }
       }
+    }
+  }
+
+  // P = exp2(S - m), dropout and O += P V of one tile after softmax_stats: the O-rescale branch,
+  // then per k16 step of P its exponentials and its mma.sync, in one basic block, so the
+  // exponentials of step kk + 1 issue while the tensor cores run step kk.
+  __device__ __forceinline__ void exp_pv(float (&acc_s)[MT][L::NT_S][4], const float (&m_ref)[MT][2],
+                                         const float (&alpha)[MT][2], bool changed, unsigned int v_addr, int kv0,
+                                         int q_row0, float exp_scale, int b, int h, const AttnParams& p) {
+    rescale_o(alpha, changed);
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) {
+      exp_tiles<2>(acc_s, m_ref, exp_scale, 2 * kk, kv0, q_row0, b, h, p);
+      pv<1>(acc_s, v_addr, kk);
     }
   }
 };
@@ -295,7 +324,6 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     }
   }
   cp_async_commit();
-
   V2Cta<Cfg> st;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -340,24 +368,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, q_hi, kv0, kv_hi, p, buf);
     const bool need_mask = (tile != AC_TILE_FULL) || (kv_rows < BN);
 
-    // (1) With two stages: the next K/V tile into the other buffer; the barrier that ended the
-    //     previous tile retired every read of it.
-    auto load_next = [&]() {
-      if (j_next < nblocks) {
-        const unsigned int nxt = stage_off ^ L::kStageBytes;
-        const int rows = p.Nk - j_next * BN;
-        load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0 + nxt, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
-                                                        rows, tid);
-        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0 + nxt, gV + (long long)j_next * BN * p.v_sn,
-                                                         p.v_sn, rows, tid);
-      }
-      cp_async_commit();
-    };
-    if constexpr (L::STAGES == 2) {
-#ifndef AC_V2_S2_LATE
-      load_next();
-#endif
-    } else {
+    if constexpr (L::STAGES == 1) {
       // (1) V_j in flight while Q K_j^T runs.
       load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0, gV + (long long)kv0 * p.v_sn, p.v_sn, kv_rows, tid);
       cp_async_commit();
@@ -367,10 +378,21 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     float acc_s[MT][L::NT_S][4];
     st.qk(acc_s, q_base, k_base + stage_off);
 
-#ifdef AC_V2_S2_LATE
-    if constexpr (L::STAGES == 2) load_next();
-#endif
-    if constexpr (L::STAGES == 1) {
+    if constexpr (L::STAGES == 2) {
+      // (3) The next K/V tile into the other buffer (the barrier that ended the previous tile
+      //     retired every read of it). Issued after Q K_j^T, not before: measured faster at
+      //     BLOCK_N = 64 (the copies then drain under the softmax instead of competing with the
+      //     ldmatrix traffic of Q K^T).
+      if (j_next < nblocks) {
+        const unsigned int nxt = stage_off ^ L::kStageBytes;
+        const int rows = p.Nk - j_next * BN;
+        load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0 + nxt, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
+                                                        rows, tid);
+        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV0 + nxt, gV + (long long)j_next * BN * p.v_sn,
+                                                         p.v_sn, rows, tid);
+      }
+      cp_async_commit();
+    } else {
       // (3) V_j has landed once every thread's copies completed; the barrier also retires all reads
       //     of K_j, so K_{j+1} may overwrite it while the softmax and PV run.
       cp_async_wait<0>();
@@ -382,16 +404,16 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
       cp_async_commit();
     }
 
-    // (4) score_mod, mask, online-softmax statistics (log2 domain); O rescaled.
-    float m_ref[MT][2];
+    // (4) score_mod, mask, online-softmax statistics (log2 domain), masked and unmasked bodies.
+    float m_ref[MT][2], alpha[MT][2];
+    bool changed;
     if (need_mask) {
-      st.template softmax_stats<true>(acc_s, m_ref, kv0, q_row0, exp_scale, b, h, p, buf);
+      changed = st.template softmax_stats<true>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf);
     } else {
-      st.template softmax_stats<false>(acc_s, m_ref, kv0, q_row0, exp_scale, b, h, p, buf);
+      changed = st.template softmax_stats<false>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf);
     }
-
     // (5) P = exp2(S - m), dropout, O += P V_j.
-    st.exp_pv(acc_s, m_ref, exp_scale, v_base + stage_off, kv0, q_row0, b, h, p);
+    st.exp_pv(acc_s, m_ref, alpha, changed, v_base + stage_off, kv0, q_row0, exp_scale, b, h, p);
 
     // (6) The next tile landed; every warp is done with this tile's buffers.
     cp_async_wait<0>();

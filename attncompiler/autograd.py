@@ -1,0 +1,209 @@
+"""Autograd and ``torch.compile`` integration: attention as ``torch.library`` custom ops.
+
+Three ops, registered when this module is imported (nothing runs on a GPU at import):
+
+``attncompiler::attention_fwd(q, k, v, buffers, kernel_id, scale, dropout_p, rng, deterministic)
+-> (out, lse)``
+    The compiled forward (any schedule).  ``kernel_id`` names a :class:`CompiledAttention` in this
+    module's registry (:func:`register_kernel`), so the op takes only tensors and simple scalars;
+    ``rng`` is an int64 CPU tensor [seed, offset] (two's complement for seeds >= 2^63).
+``attncompiler::attention_bwd(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng,
+deterministic) -> (dq, dk, dv)``
+    The v2 backward kernels (:mod:`attncompiler.runtime.backward`) -- also for a v1 forward, whose
+    lse is the same.  ``deterministic`` selects the separate dQ pass (no atomics).
+``attncompiler::attention_bwd_buffers(...) -> buffer grads``
+    Gradients of learnable captured float buffers (``torch_backward``: chunked torch with the
+    symbolic derivatives of :mod:`attncompiler.ir.grad`).
+
+Each op has a fake (meta) implementation for ``torch.compile``, and the forward is registered with
+``torch.library.register_autograd``; dropout's seed and offset are saved so the backward replays
+the same Philox stream (no mask is stored).  On CPU tensors the ops run the float32 torch
+reference (``reference_attention`` / ``torch_backward``) so that the integration is testable
+without a GPU.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["register_kernel", "get_kernel", "attention_op", "make_rng", "POISON_GRADS"]
+
+#: Tests set this to True: backward outputs are filled with NaN before the kernels run.
+POISON_GRADS = False
+
+_lock = threading.Lock()
+_registry: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
+
+
+def register_kernel(kernel: Any) -> int:
+    """The registry id of ``kernel`` (a CompiledAttention), registering it on first use."""
+    kid = getattr(kernel, "_op_id", 0)
+    if kid:
+        return kid
+    with _lock:
+        kid = getattr(kernel, "_op_id", 0)
+        if not kid:
+            kid = next(_ids)
+            _registry[kid] = kernel
+            kernel._op_id = kid
+    return kid
+
+
+def get_kernel(kernel_id: int) -> Any:
+    try:
+        return _registry[kernel_id]
+    except KeyError:
+        raise KeyError(f"attncompiler kernel id {kernel_id} is not registered in this process") from None
+
+
+def make_rng(seed: int | None, offset: int) -> Tensor:
+    """The op's rng tensor: int64 [seed, offset] on the CPU (a fresh random seed when None)."""
+    def s64(x: int) -> int:
+        x &= 2**64 - 1
+        return x - 2**64 if x >= 2**63 else x
+    if seed is None:
+        return torch.cat([torch.randint(0, 2**62, (1,), dtype=torch.int64),
+                          torch.tensor([s64(offset)], dtype=torch.int64)])
+    return torch.tensor([s64(seed), s64(offset)], dtype=torch.int64)
+
+
+def _rng_values(rng: Tensor) -> tuple[int, int]:
+    seed, offset = (int(x) for x in rng.tolist())
+    return seed & (2**64 - 1), offset & (2**64 - 1)
+
+
+def _buffer_map(kern: Any, buffers: Sequence[Tensor]) -> dict[str, Tensor]:
+    names = [b.name for b in kern.ir.buffers]
+    if len(names) != len(buffers):
+        raise ValueError(f"buffers: expected {len(names)} tensors ({names}), got {len(buffers)}")
+    return dict(zip(names, buffers))
+
+
+def _out_like(q: Tensor, dv: int) -> Tensor:
+    """An empty (B, H, N, dv) tensor in q's layout: (B, N, H, d) storage when q's heads are inner
+    (q.stride(1) < q.stride(2)), else contiguous (B, H, N, d).  The kernels' outputs and gradients
+    follow this rule, and the fake implementations use it too."""
+    B, H, N, _ = q.shape
+    if q.stride(1) < q.stride(2):
+        return q.new_empty(B, N, H, dv).transpose(1, 2)
+    return q.new_empty(B, H, N, dv)
+
+
+# ----------------------------------------------------------------------------------------- forward
+@torch.library.custom_op("attncompiler::attention_fwd", mutates_args=())
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], kernel_id: int, scale: float,
+                   dropout_p: float, rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
+    kern = get_kernel(kernel_id)
+    seed, offset = _rng_values(rng)
+    bufs = _buffer_map(kern, buffers)
+    if q.device.type == "cpu":
+        from .reference import reference_attention
+
+        o, lse = reference_attention(q, k, v, kern.ir, buffers=bufs, scale=scale, dropout_p=dropout_p, seed=seed,
+                                     offset=offset, return_lse=True, dtype=torch.float32)
+        out = _out_like(q, v.shape[-1])
+        out.copy_(o)
+        return out, lse.contiguous()
+    with torch.no_grad():
+        return kern._launch_forward(q, k, v, return_lse=True, scale=scale, dropout_p=dropout_p, seed=seed,
+                                    offset=offset, buffers=bufs, out=None)
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, buffers, kernel_id, scale, dropout_p, rng, deterministic):
+    B, H, N, _ = q.shape
+    return _out_like(q, v.shape[-1]), q.new_empty(B, H, N, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------------------- backward
+@torch.library.custom_op("attncompiler::attention_bwd", mutates_args=())
+def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
+                   buffers: list[Tensor], kernel_id: int, scale: float, dropout_p: float, rng: Tensor,
+                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    kern = get_kernel(kernel_id)
+    seed, offset = _rng_values(rng)
+    bufs = _buffer_map(kern, buffers)
+    if q.device.type == "cpu":
+        from .backward_torch import torch_backward
+
+        grads = torch_backward(q, k, v, out, lse, dout, kern.ir, buffers=bufs, scale=scale, dropout_p=dropout_p,
+                               seed=seed, offset=offset, dlse=dlse)[:3]
+        res = []
+        for g, t in zip(grads, (q, k, v)):
+            res.append(_out_like(t, t.shape[-1]).copy_(g))
+        return tuple(res)
+    from .runtime.backward import run_backward
+
+    return run_backward(kern.ir, kern.target, dout, q, k, v, out, lse, dlse, bufs, scale=scale, dropout_p=dropout_p,
+                        seed=seed, offset=offset, deterministic=deterministic,
+                        options=getattr(kern, "backward_options", None), poison=POISON_GRADS)
+
+
+@_attention_bwd.register_fake
+def _(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng, deterministic):
+    return _out_like(q, q.shape[-1]), _out_like(k, k.shape[-1]), _out_like(v, v.shape[-1])
+
+
+@torch.library.custom_op("attncompiler::attention_bwd_buffers", mutates_args=())
+def _attention_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                           dlse: Optional[Tensor], buffers: list[Tensor], need: list[bool], kernel_id: int,
+                           scale: float, dropout_p: float, rng: Tensor) -> list[Tensor]:
+    from .backward_torch import torch_backward
+
+    kern = get_kernel(kernel_id)
+    seed, offset = _rng_values(rng)
+    bufs = _buffer_map(kern, buffers)
+    names = tuple(n for n, want in zip(bufs, need) if want)
+    *_, grads = torch_backward(q, k, v, out, lse, dout, kern.ir, buffers=bufs, scale=scale, dropout_p=dropout_p,
+                               seed=seed, offset=offset, dlse=dlse, buffer_grads=names)
+    return [grads[n].to(device=t.device, dtype=t.dtype) if n in grads else torch.zeros_like(t)
+            for n, t in bufs.items()]
+
+
+@_attention_bwd_buffers.register_fake
+def _(dout, q, k, v, out, lse, dlse, buffers, need, kernel_id, scale, dropout_p, rng):
+    return [torch.empty_like(b) for b in buffers]
+
+
+# ----------------------------------------------------------------------------------------- autograd
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, buffers, kernel_id, scale, dropout_p, rng, deterministic = inputs
+    out, lse = output
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, out, lse, rng, *buffers)
+    ctx.kernel_id, ctx.scale, ctx.dropout_p, ctx.deterministic = kernel_id, scale, dropout_p, deterministic
+    ctx.kernel = get_kernel(kernel_id)  # keeps the (weakly registered) kernel alive for the backward
+    ctx.buffers_need_grad = [bool(b.requires_grad and b.is_floating_point()) for b in buffers]
+
+
+def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
+    q, k, v, out, lse, rng, *buffers = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.attncompiler.attention_bwd(dout, q, k, v, out, lse, dlse, buffers, ctx.kernel_id,
+                                                      ctx.scale, ctx.dropout_p, rng, ctx.deterministic)
+    gb: list = [None] * len(buffers)
+    if any(ctx.buffers_need_grad):
+        gb = list(torch.ops.attncompiler.attention_bwd_buffers(dout, q, k, v, out, lse, dlse, buffers,
+                                                               ctx.buffers_need_grad, ctx.kernel_id, ctx.scale,
+                                                               ctx.dropout_p, rng))
+        gb = [g if need else None for g, need in zip(gb, ctx.buffers_need_grad)]
+    return dq, dk, dv, gb, None, None, None, None, None
+
+
+torch.library.register_autograd("attncompiler::attention_fwd", _backward, setup_context=_setup_context)
+
+
+def attention_op(kernel: Any, q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float,
+                 rng: Tensor, buffers: Mapping[str, Tensor], deterministic: bool = False) -> tuple[Tensor, Tensor]:
+    """(out, lse) through the custom op: differentiable, and traceable by ``torch.compile``."""
+    kid = kernel._op_id or register_kernel(kernel)
+    bufs = [buffers[b.name] for b in kernel.ir.buffers]
+    return torch.ops.attncompiler.attention_fwd(q, k, v, bufs, kid, float(scale), float(dropout_p), rng,
+                                                bool(deterministic))

@@ -1,0 +1,158 @@
+"""Launching the v2 backward kernels (attncompiler/codegen/v2_bwd.py) on torch tensors.
+
+:func:`run_backward` takes what the forward saved (q, k, v, out, lse) and dO (and optionally
+dL/dlse) and returns (dq, dk, dv) in the inputs' dtype.  The backward always uses the v2 kernels,
+whatever schedule ran the forward (a v1 forward stores the same lse).  Rendered sources are cached
+per (IR structure, target, dQ mode, plan options); compiled modules by the NVRTC caches.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Mapping
+
+import torch
+
+from ..codegen.v2_bwd import BwdKernelSource, bwd_grids, make_bwd_plan, nq_padded, render_bwd
+from ..ir.types import AttentionIR
+from ..plan.targets import Target
+from .compiler import LoadedKernel, compile_functions
+from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
+from .params import BWD_PARAM_FIELDS, ctypes_struct
+
+__all__ = ["bwd_source", "load_bwd", "run_backward"]
+
+_MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_lock = threading.Lock()
+_sources: dict[tuple, BwdKernelSource] = {}
+_loaded: dict[tuple, dict[str, LoadedKernel]] = {}
+
+
+def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
+               options: Mapping[str, Any] | None = None) -> BwdKernelSource:
+    """The rendered backward translation unit (cached)."""
+    opts = dict(options or {})
+    key = (ir.key(), target.name, deterministic, tuple(sorted(opts.items())))
+    with _lock:
+        hit = _sources.get(key)
+    if hit is None:
+        hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target)
+        with _lock:
+            hit = _sources.setdefault(key, hit)
+    return hit
+
+
+def load_bwd(src: BwdKernelSource, device: int) -> dict[str, LoadedKernel]:
+    """Compile (or fetch) and load every kernel of ``src`` on ``device``."""
+    key = (id(src), device)
+    with _lock:
+        hit = _loaded.get(key)
+    if hit is not None:
+        return hit
+    fns = compile_functions(src.source, src.arch, device, src.entries)
+    from cupy.cuda import Device, driver
+
+    with Device(device):
+        for e, k in fns.items():
+            if src.smem(e) > 48 * 1024:
+                driver.funcSetAttribute(k.ptr, _MAX_DYNAMIC_SMEM_ATTR, src.smem(e))
+    with _lock:
+        _loaded[key] = fns
+    return fns
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_params_type() -> type:
+    return ctypes_struct("AttnBwdParams", BWD_PARAM_FIELDS)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:3]) and t.data_ptr() % 16 == 0
+
+
+def _like_layout(ref: torch.Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype) -> torch.Tensor:
+    """An empty (B, H, N, d) tensor in ref's memory layout (heads inner if ref is (B, N, H, d) storage)."""
+    B, H, N, d = shape
+    if ref.stride(1) < ref.stride(2):
+        return torch.empty(B, N, H, d, device=ref.device, dtype=dtype).transpose(1, 2)
+    return torch.empty(B, H, N, d, device=ref.device, dtype=dtype)
+
+
+def _set_strides(bp: Any, name: str, t: torch.Tensor) -> None:
+    sb, sh, sn, _ = t.stride()
+    setattr(bp, f"{name}_sb", sb)
+    setattr(bp, f"{name}_sh", sh)
+    setattr(bp, f"{name}_sn", sn)
+
+
+def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+                 buffers: Mapping[str, torch.Tensor], *, scale: float, dropout_p: float, seed: int, offset: int,
+                 deterministic: bool = False, options: Mapping[str, Any] | None = None,
+                 poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of the attention ``ir`` (v2 backward kernels) on torch's current stream.
+
+    ``poison`` fills every output with NaN before the kernels run (tests: nothing may be left
+    unwritten)."""
+    dims: AttnInputs = check_inputs(q, k, v, ir)
+    want = (dims.B, dims.H, dims.Nq, dims.DV)
+    for name, t in (("dout", dout), ("out", out)):
+        if tuple(t.shape) != want or t.dtype != q.dtype or t.device != q.device:
+            raise InputError(f"{name}: expected {want} {q.dtype} on {q.device}, got {tuple(t.shape)} {t.dtype} "
+                             f"on {t.device}")
+    if not _aligned(dout):
+        dout = dout.contiguous()
+    if not _aligned(out):
+        out = out.contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    dk = _like_layout(k, (dims.B, dims.H_kv, dims.Nk, dims.D), q.dtype)
+    dv = _like_layout(v, (dims.B, dims.H_kv, dims.Nk, dims.DV), q.dtype)
+    fill = float("nan") if poison else 0.0
+    if dims.Nq == 0 or dims.Nk == 0 or dims.B * dims.H == 0:
+        return _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).zero_(), dk.zero_(), dv.zero_()
+    src = bwd_source(ir, target, deterministic=deterministic, options=options)
+    plan = src.plan
+    dev_idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    fns = load_bwd(src, dev_idx)
+    if poison:
+        dk.fill_(fill)
+        dv.fill_(fill)
+    atomic = plan.dq_mode == "atomic"
+    if atomic:
+        dq_accum = torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=q.device, dtype=torch.float32)
+        dq = None
+    else:
+        dq_accum = None
+        dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype)
+        if poison:
+            dq.fill_(fill)
+    nq_pad = nq_padded(plan, dims.Nq)
+    ws = torch.empty(2, dims.B * dims.H * nq_pad, device=q.device, dtype=torch.float32)
+    if poison:
+        ws.fill_(fill)
+    bufs = prepare_buffers(ir, buffers, q.device)
+    P, Bf = pack_params(q, k, v, out, lse, None, dims, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,
+                        ir=ir, buffers=bufs)
+    bp = _bwd_params_type()()
+    bp.dout = dout.data_ptr()
+    bp.dq = dq.data_ptr() if dq is not None else None
+    bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
+    bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
+    bp.dlse = dlse.data_ptr() if dlse is not None else None
+    bp.lse2, bp.dsum = ws[0].data_ptr(), ws[1].data_ptr()
+    _set_strides(bp, "do", dout)
+    if dq is not None:
+        _set_strides(bp, "dq", dq)
+    _set_strides(bp, "dk", dk)
+    _set_strides(bp, "dv", dv)
+    bp.Nq_pad = nq_pad
+    grids = bwd_grids(plan, dims)
+    with torch.cuda.device(q.device):
+        for e in src.entries:
+            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf)
+            launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
+    if atomic:
+        dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).copy_(dq_accum)  # type: ignore[arg-type]
+    return dq, dk, dv  # type: ignore[return-value]

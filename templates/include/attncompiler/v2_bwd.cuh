@@ -1,0 +1,489 @@
+// attncompiler/v2_bwd.cuh -- FlashAttention-2 style backward (sm_80+, mma.sync m16n8k16).
+//
+// Three kernels (docs/architecture.md, "Backward"):
+//
+// v2_bwd_pre   one warp per query row: lse2 = lse * log2(e) (+inf for an empty row, so that every
+//              recomputed P of it is 0) and dsum = rowsum(dO * O) - dlse, into row-padded fp32
+//              arrays (padded rows: lse2 = +inf, dsum = 0, so the main loop never bounds-checks).
+//
+// v2_bwd_kv    grid (ceil(Nk / BLOCK_N), B * H_kv). A CTA owns BLOCK_N keys of one (b, kv head);
+//              each warp owns 16 * MTK of them and keeps their dK and dV in registers while the
+//              CTA walks the query blocks (BLOCK_M rows) of every query head of the group. Per
+//              query block, with the keys as the mma's M dimension ("transposed" products, so no
+//              P or dS round trip through shared memory for dK / dV):
+//                S^T  = K Q^T                     (A = K rows, B = Q rows)
+//                P^T  = exp2(score_mod(scale S^T) log2 e - lse2)      masked -> 0
+//                dP^T = V dO^T
+//                dS^T = P^T o (z dP^T - dsum) o score_mod'(scale S^T) * scale   (z: dropout keep / (1-p))
+//                dV  += (z P^T) dO                (A = the P^T accumulators, B = dO via ldmatrix.trans)
+//                dK  += dS^T Q                    (A = the dS^T accumulators, B = Q via ldmatrix.trans)
+//                kDQAtomic: dS^T -> shared memory (bf16/fp16), barrier, dQ_blk = dS K split over the
+//                warps (WQM x WQN), added into the fp32 accumulator with 16-byte reds.
+//              Q / dO / lse2 / dsum tiles are double-buffered (cp.async of block i+1 during block i).
+//              Query blocks the mask's tile classifier proves EMPTY are skipped; FULL tiles inside
+//              both sequences run without mask code. kDoDV / kDoDK split the work in two launches
+//              for head dims whose dK + dV accumulators do not fit in registers together.
+//
+// v2_bwd_dq    (deterministic dQ, v2_bwd_dq.cuh) grid (ceil(Nq / BLOCK_M), B * H): forward-like, each warp owns
+//              16 * MT query rows; per key tile S = Q K^T, dP = dO V^T, dS, dQ += dS K with dQ in
+//              registers; written once in the element type. No atomics: bit-identical run to run.
+//
+// Dropout replays the forward's Philox stream (philox.cuh): in v2_bwd_dq the thread's four
+// accumulator values are exactly one Philox call, as in the forward; in the transposed v2_bwd_kv a
+// call at (q, k) serves (q, k) and (q + 8, k) of the same thread (two n8 tiles of queries).
+//
+// Requires (from the prelude): ac_elem_t, AttnParams, AttnBwdParams, AttnBuffers, Variant (with
+// score_mod_grad and kScoreModGradIsOne).
+#pragma once
+
+namespace ac {
+
+// ------------------------------------------------------------------------------------ preprocess
+template <int DV, int NUM_WARPS, int ROWS_PER_WARP>
+__device__ __forceinline__ void v2_bwd_pre(const AttnParams& p, const AttnBwdParams& bp) {
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  constexpr int kChunks = DV / 8;  // 16-byte chunks per row
+  static_assert(DV % 8 == 0 && kChunks <= 32, "DV must be a multiple of 8 and <= 256");
+  const int bh = blockIdx.y;
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int row_base = (blockIdx.x * NUM_WARPS + warp) * ROWS_PER_WARP;
+  const T* gO = reinterpret_cast<const T*>(p.o) + b * p.o_sb + h * p.o_sh;
+  const T* gdO = reinterpret_cast<const T*>(bp.dout) + b * bp.do_sb + h * bp.do_sh;
+#pragma unroll 1
+  for (int r = 0; r < ROWS_PER_WARP; ++r) {
+    const int q = row_base + r;
+    if (q >= bp.Nq_pad) break;
+    float dot = 0.f;
+    if (q < p.Nq && lane < kChunks) {
+      const uint4 o4 = *reinterpret_cast<const uint4*>(gO + q * p.o_sn + lane * 8);
+      const uint4 d4 = *reinterpret_cast<const uint4*>(gdO + q * bp.do_sn + lane * 8);
+      const T* oe = reinterpret_cast<const T*>(&o4);
+      const T* de = reinterpret_cast<const T*>(&d4);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(Tr::to_float(oe[e]), Tr::to_float(de[e]), dot);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) {
+      float l2 = -AC_NEG_INF;  // +inf: padded rows recompute P = 0
+      float ds = 0.f;
+      if (q < p.Nq) {
+        const float lse = p.lse[(long long)bh * p.Nq + q];
+        l2 = (lse == AC_NEG_INF) ? -AC_NEG_INF : lse * AC_LOG2E;
+        ds = dot - (bp.dlse != nullptr ? bp.dlse[(long long)bh * p.Nq + q] : 0.f);
+      }
+      bp.lse2[(long long)bh * bp.Nq_pad + q] = l2;
+      bp.dsum[(long long)bh * bp.Nq_pad + q] = ds;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ shared pieces
+// acc[MT][NT] = A x B^T over KT k16 steps, A = MT*16 rows of a row-major tile at a_addr (this lane's
+// ldmatrix base, row stride AS elements), B = NT*8 rows of a row-major tile at b_addr (row stride BS):
+// both operands are "rows times rows" (S = Q K^T, dP = dO V^T and their transposes).
+template <int MT, int NT, int KT, int AS, int BS>
+__device__ __forceinline__ void mma_rows_rows(float (&acc)[MT][NT][4], unsigned int a_addr, unsigned int b_addr) {
+  using Tr = ac_type_traits<ac_elem_t>;
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    unsigned int a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], a_addr + (mt * 16 * AS + kk * 16) * 2);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      unsigned int bq[4];
+      ldmatrix_x4(bq, b_addr + (np * 16 * BS + kk * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (kk == 0) {
+          mma_16816_zc<Tr::kIsBf16>(acc[mt][2 * np], a[mt], bq[0], bq[1]);
+          mma_16816_zc<Tr::kIsBf16>(acc[mt][2 * np + 1], a[mt], bq[2], bq[3]);
+        } else {
+          mma_16816<Tr::kIsBf16>(acc[mt][2 * np], a[mt], bq[0], bq[1]);
+          mma_16816<Tr::kIsBf16>(acc[mt][2 * np + 1], a[mt], bq[2], bq[3]);
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ elementwise
+// One score element of the backward: p (undropped, recomputed from lse2) and the gradient of the
+// loss w.r.t. the *scaled* score times the scale (what dQ = dS K and dK = dS^T Q need).
+// kMasked: also evaluates the seqlen bounds and the mask (p = ds = 0 where not visible).
+template <bool kMasked, bool kNeedDs>
+__device__ __forceinline__ void bwd_element(float& s_io, float& dp_io, int b, int h, int q, int k, float lse2,
+                                            float dsum, bool keep, float scale_log2, const AttnParams& p,
+                                            const AttnBuffers& buf) {
+  const float s = s_io;
+  float pr;
+  float gr = 1.f;
+  if constexpr (Variant::kHasScoreMod) {
+    const float sc = s * p.scale;
+    pr = fast_exp2(fmaf(Variant::score_mod(sc, b, h, q, k, p, buf), AC_LOG2E, -lse2));
+    if constexpr (kNeedDs && !Variant::kScoreModGradIsOne) gr = Variant::score_mod_grad(sc, b, h, q, k, p, buf);
+  } else {
+    pr = fast_exp2(fmaf(s, scale_log2, -lse2));
+  }
+  bool visible = true;
+  if constexpr (kMasked) {
+    visible = k < p.Nk && q < p.Nq;
+    if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, h, q, k, p, buf);
+  }
+  if constexpr (kNeedDs) {
+    float dp = dp_io;
+    if constexpr (Variant::kHasDropout) dp = keep ? dp * p.dropout_rescale : 0.f;
+    float ds = pr * (dp - dsum);
+    if constexpr (Variant::kHasScoreMod && !Variant::kScoreModGradIsOne) ds *= gr;
+    ds *= p.scale;
+    if constexpr (kMasked) ds = visible ? ds : 0.f;
+    dp_io = ds;
+  }
+  if constexpr (Variant::kHasDropout) pr = keep ? pr * p.dropout_rescale : 0.f;
+  if constexpr (kMasked) pr = visible ? pr : 0.f;
+  s_io = pr;
+}
+
+// ------------------------------------------------------------------------------------ dK / dV
+template <class Cfg>
+struct V2BwdLayout {
+  static constexpr int D = Cfg::D;
+  static constexpr int DV = Cfg::DV;
+  static constexpr int BM = Cfg::BLOCK_M;   // query rows per step
+  static constexpr int BN = Cfg::BLOCK_N;   // keys per CTA
+  static constexpr int W = Cfg::NUM_WARPS;
+  static constexpr int MTK = Cfg::MTK;      // m16 key tiles per warp
+  static constexpr int STAGES = Cfg::STAGES;
+  static constexpr int WQM = Cfg::DQ_WARPS_M;
+  static constexpr int WQN = Cfg::DQ_WARPS_N;
+  static constexpr int NTHREADS = 32 * W;
+  static constexpr int KS = D + 8;          // padded row strides (elements)
+  static constexpr int VS = DV + 8;
+  static constexpr int SS = BM + 8;         // dS^T rows (one per key)
+  static constexpr int NT_Q = BM / 8;       // n8 tiles of queries in S^T
+  static constexpr int RQ = BM / WQM;       // dQ rows per warp
+  static constexpr int CQ = D / WQN;        // dQ columns per warp
+  static constexpr int MTQ = RQ / 16;
+  static constexpr int NTQ = CQ / 8;
+  static constexpr int kKBytes = BN * KS * 2;
+  static constexpr int kVBytes = BN * VS * 2;
+  static constexpr int kQBytes = BM * KS * 2;
+  static constexpr int kDOBytes = BM * VS * 2;
+  static constexpr int kRowBytes = BM * 4;
+  static constexpr int kStageBytes = kQBytes + kDOBytes + 2 * kRowBytes;
+  static constexpr int kSBytes = BN * SS * 2;
+  static constexpr int kSmemBytes = kKBytes + kVBytes + STAGES * kStageBytes + kSBytes;
+
+  static_assert(BN == 16 * MTK * W, "BLOCK_N = 16 * MTK * NUM_WARPS (each warp owns 16*MTK keys)");
+  static_assert(MTK == 1 || MTK == 2, "MTK is 1 or 2");
+  static_assert(BM % 16 == 0, "BLOCK_M must be a multiple of 16");
+  static_assert(D % 16 == 0 && DV % 16 == 0 && D <= 256 && DV <= 256, "head dims: multiples of 16, <= 256");
+  static_assert(STAGES == 2, "Q/dO tiles are double-buffered");
+  static_assert(WQM * WQN == W && RQ % 16 == 0 && CQ % 16 == 0, "dQ warp grid must tile BLOCK_M x D in 16x16");
+};
+
+template <class Cfg, bool kDoDV, bool kDoDK, bool kDQAtomic>
+struct V2BwdKvCta {
+  using L = V2BwdLayout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  static constexpr int MTK = L::MTK, NT_Q = L::NT_Q;
+
+  float acc_dk[kDoDK ? MTK : 1][kDoDK ? L::D / 8 : 1][4];
+  float acc_dv[kDoDV ? MTK : 1][kDoDV ? L::DV / 8 : 1][4];
+
+  // out[MTK][NT][4] += X^T-accumulators (keys x queries, C layout) x rows of B (queries x NT*8 cols)
+  // at b_addr (ldmatrix.trans). kStore: also stores X (element type) to the transposed dS buffer at
+  // the shared byte address s_addr (the warp's first key row).
+  template <int NT, int BS, bool kStore>
+  __device__ __forceinline__ void acc_product(float (&out)[MTK][NT][4], const float (&x)[MTK][NT_Q][4],
+                                              unsigned int b_addr, unsigned int s_addr) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int kq = 0; kq < NT_Q / 2; ++kq) {
+      unsigned int a[MTK][4];
+#pragma unroll
+      for (int mt = 0; mt < MTK; ++mt) {
+        a[mt][0] = Tr::pack2(x[mt][2 * kq][0], x[mt][2 * kq][1]);
+        a[mt][1] = Tr::pack2(x[mt][2 * kq][2], x[mt][2 * kq][3]);
+        a[mt][2] = Tr::pack2(x[mt][2 * kq + 1][0], x[mt][2 * kq + 1][1]);
+        a[mt][3] = Tr::pack2(x[mt][2 * kq + 1][2], x[mt][2 * kq + 1][3]);
+        if constexpr (kStore) {
+          const unsigned int r0 = s_addr + ((mt * 16 + g) * L::SS + kq * 16 + 2 * t) * 2;
+          st_shared_u32(r0, a[mt][0]);
+          st_shared_u32(r0 + 8 * L::SS * 2, a[mt][1]);
+          st_shared_u32(r0 + 16, a[mt][2]);
+          st_shared_u32(r0 + 8 * L::SS * 2 + 16, a[mt][3]);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        unsigned int bv[4];
+        ldmatrix_x4_trans(bv, b_addr + (kq * 16 * BS + np * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MTK; ++mt) {
+          mma_16816<Tr::kIsBf16>(out[mt][2 * np], a[mt], bv[0], bv[1]);
+          mma_16816<Tr::kIsBf16>(out[mt][2 * np + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // P^T and dS^T of one step, in place (acc_s -> z P^T, acc_dp -> dS^T * scale).
+  template <bool kMasked>
+  __device__ __forceinline__ void elementwise(float (&acc_s)[MTK][NT_Q][4], float (&acc_dp)[MTK][NT_Q][4],
+                                              const float* s_lse2, const float* s_dsum, int key0, int q0, int b,
+                                              int h, float scale_log2, const AttnParams& p, const AttnBuffers& buf) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MTK; ++mt) {
+#pragma unroll
+      for (int np = 0; np < NT_Q / 2; ++np) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int k = key0 + mt * 16 + g + 8 * hf;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int ql = np * 16 + 2 * t + e;  // query of n8 tile 2*np; tile 2*np+1 holds ql + 8
+            ac_u32x4 w;
+            if constexpr (Variant::kHasDropout) w = ac_dropout_words(p, b, h, q0 + ql, k);
+#pragma unroll
+            for (int sub = 0; sub < 2; ++sub) {
+              const int nt = 2 * np + sub;
+              const int qq = ql + 8 * sub;
+              bool keep = true;
+              if constexpr (Variant::kHasDropout) {
+                const unsigned int word = sub ? ((g & 1) ? w.w : w.z) : ((g & 1) ? w.y : w.x);
+                keep = word < p.dropout_threshold;
+              }
+              bwd_element<kMasked, kDoDK>(acc_s[mt][nt][2 * hf + e], acc_dp[mt][nt][2 * hf + e], b, h, q0 + qq, k,
+                                          s_lse2[qq], s_dsum[qq], keep, scale_log2, p, buf);
+            }
+          }
+        }
+      }
+    }
+  }
+};
+
+template <class Cfg, bool kDoDV, bool kDoDK, bool kDQAtomic>
+__device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf) {
+  using L = V2BwdLayout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  using Cta = V2BwdKvCta<Cfg, kDoDV, kDoDK, kDQAtomic>;
+  constexpr int BM = L::BM, BN = L::BN, MTK = L::MTK, D = L::D, DV = L::DV, NT_Q = L::NT_Q;
+  static_assert(kDoDV || kDoDK, "nothing to compute");
+  static_assert(!kDQAtomic || kDoDK, "dQ needs dS (the dK pass)");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned int smem0 = smem_u32(smem_raw);
+  const unsigned int sK = smem0;
+  const unsigned int sV = sK + L::kKBytes;
+  const unsigned int sStage0 = sV + L::kVBytes;        // stage s at sStage0 + s * kStageBytes: Q, dO, lse2, dsum
+  const unsigned int sS = sStage0 + L::STAGES * L::kStageBytes;
+
+  const int kv_block = blockIdx.x;
+  const int bhk = blockIdx.y;
+  const int b = bhk / p.H_kv;
+  const int h_kv = bhk % p.H_kv;
+  const int G = p.H / p.H_kv;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  const int kv0 = kv_block * BN;
+  const int kv_rows = min(BN, p.Nk - kv0);
+  const int kv_hi = kv0 + kv_rows - 1;
+  const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h_kv * p.k_sh + (long long)kv0 * p.k_sn;
+  const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh + (long long)kv0 * p.v_sn;
+
+  const int nqb = (p.Nq + BM - 1) / BM;
+  const int total = G * nqb;
+  // Atomic dQ: CTAs of one head start at different query blocks so that they do not all add into
+  // the same dQ rows at once (the order does not matter for atomics).
+  const int rot = kDQAtomic ? kv_block % nqb : 0;
+  auto coords = [&](int it, int& h, int& q0) {
+    const int hg = it / nqb;
+    int qb = it - hg * nqb + rot;
+    if (qb >= nqb) qb -= nqb;
+    h = h_kv * G + hg;
+    q0 = qb * BM;
+  };
+  auto next_it = [&](int it) {
+    if constexpr (Variant::kHasMask) {
+      while (it < total) {
+        int h, q0;
+        coords(it, h, q0);
+        if (Variant::tile_class(b, h, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf) != AC_TILE_EMPTY) break;
+        ++it;
+      }
+    }
+    return it;
+  };
+  auto load_stage = [&](int it, unsigned int stage_off) {
+    int h, q0;
+    coords(it, h, q0);
+    const int rows = p.Nq - q0;
+    const unsigned int base = sStage0 + stage_off;
+    load_tile_rows_async<BM, D, L::KS, L::NTHREADS>(
+        base, reinterpret_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + (long long)q0 * p.q_sn, p.q_sn, rows, tid);
+    load_tile_rows_async<BM, DV, L::VS, L::NTHREADS>(
+        base + L::kQBytes, reinterpret_cast<const T*>(bp.dout) + b * bp.do_sb + h * bp.do_sh + (long long)q0 * bp.do_sn,
+        bp.do_sn, rows, tid);
+    const long long row = (long long)(b * p.H + h) * bp.Nq_pad + q0;
+    for (int c = tid; c < BM / 2; c += L::NTHREADS) {  // BM/4 chunks of lse2, then BM/4 of dsum
+      const int arr = c / (BM / 4);
+      const int cc = c % (BM / 4);
+      const float* src = (arr ? bp.dsum : bp.lse2) + row + cc * 4;
+      cp_async_16(smem_raw + (base - smem0) + L::kQBytes + L::kDOBytes + arr * L::kRowBytes + cc * 16, src, true);
+    }
+  };
+
+  // Prologue: K, V and the first query block.
+  load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK, gK, p.k_sn, kv_rows, tid);
+  load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV, gV, p.v_sn, kv_rows, tid);
+  int it = next_it(0);
+  if (it < total) load_stage(it, 0);
+  cp_async_commit();
+
+  Cta st;
+  if constexpr (kDoDK) {
+#pragma unroll
+    for (int mt = 0; mt < MTK; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st.acc_dk[mt][nt][e] = 0.f;
+  }
+  if constexpr (kDoDV) {
+#pragma unroll
+    for (int mt = 0; mt < MTK; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < DV / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st.acc_dv[mt][nt][e] = 0.f;
+  }
+
+  const int kr0 = warp * 16 * MTK;  // this warp's first key (CTA-local)
+  // Per-lane ldmatrix bases (bytes, shared state space).
+  const unsigned int k_arow = sK + ((kr0 + (lane & 15)) * L::KS + (lane >> 4) * 8) * 2;
+  const unsigned int v_arow = sV + ((kr0 + (lane & 15)) * L::VS + (lane >> 4) * 8) * 2;
+  const unsigned int bnk_off = ((lane & 7) + (lane >> 4) * 8);       // rows of a non-trans B load
+  const unsigned int bnk_col = ((lane >> 3) & 1) * 8;
+  const unsigned int btr_row = ((lane & 7) + ((lane >> 3) & 1) * 8); // rows of a trans B load
+  const unsigned int btr_col = (lane >> 4) * 8;
+  const unsigned int q_brow = sStage0 + (bnk_off * L::KS + bnk_col) * 2;
+  const unsigned int do_brow = sStage0 + L::kQBytes + (bnk_off * L::VS + bnk_col) * 2;
+  const unsigned int q_btr = sStage0 + (btr_row * L::KS + btr_col) * 2;
+  const unsigned int do_btr = sStage0 + L::kQBytes + (btr_row * L::VS + btr_col) * 2;
+  const float scale_log2 = p.scale * AC_LOG2E;
+
+  unsigned int stage_off = 0;
+  while (it < total) {
+    const int it_next = next_it(it + 1);
+    cp_async_wait<0>();
+    __syncthreads();  // this stage landed; every read of the other stage and of dS^T is done
+    if (it_next < total) load_stage(it_next, stage_off ^ L::kStageBytes);
+    cp_async_commit();
+
+    int h, q0;
+    coords(it, h, q0);
+    int tile = AC_TILE_FULL;
+    if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf);
+    const bool need_mask = (tile != AC_TILE_FULL) || (q0 + BM > p.Nq) || (kv_rows < BN);
+    const float* s_lse2 = reinterpret_cast<const float*>(smem_raw + (sStage0 - smem0) + stage_off + L::kQBytes +
+                                                         L::kDOBytes);
+    const float* s_dsum = s_lse2 + BM;
+
+    float acc_s[MTK][NT_Q][4];
+    float acc_dp[MTK][NT_Q][4];  // dP^T, then dS^T (dead code without kDoDK)
+    mma_rows_rows<MTK, NT_Q, D / 16, L::KS, L::KS>(acc_s, k_arow, q_brow + stage_off);
+    if constexpr (kDoDK) mma_rows_rows<MTK, NT_Q, DV / 16, L::VS, L::VS>(acc_dp, v_arow, do_brow + stage_off);
+    if (need_mask) {
+      st.template elementwise<true>(acc_s, acc_dp, s_lse2, s_dsum, kv0 + kr0, q0, b, h, scale_log2, p, buf);
+    } else {
+      st.template elementwise<false>(acc_s, acc_dp, s_lse2, s_dsum, kv0 + kr0, q0, b, h, scale_log2, p, buf);
+    }
+    if constexpr (kDoDV) st.template acc_product<DV / 8, L::VS, false>(st.acc_dv, acc_s, do_btr + stage_off, 0u);
+    if constexpr (kDoDK) {
+      st.template acc_product<D / 8, L::KS, kDQAtomic>(st.acc_dk, acc_dp, q_btr + stage_off, sS + kr0 * L::SS * 2);
+    }
+    if constexpr (kDQAtomic) {
+      // dQ_blk (BM x D) = dS (BM x BN) K (BN x D); warp (wm, wn) owns rows wm*RQ.., columns wn*CQ..
+      __syncthreads();
+      const int wm = warp / L::WQN;
+      const int wn = warp % L::WQN;
+      float acc_q[L::MTQ][L::NTQ][4];
+      const unsigned int ds_a = sS + (bnk_off * L::SS + bnk_col + wm * L::RQ) * 2;  // A = dS via .trans
+      const unsigned int k_b = sK + (btr_row * L::KS + btr_col + wn * L::CQ) * 2;    // B = K via .trans
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        unsigned int a[L::MTQ][4];
+#pragma unroll
+        for (int mq = 0; mq < L::MTQ; ++mq) ldmatrix_x4_trans(a[mq], ds_a + (kk * 16 * L::SS + mq * 16) * 2);
+#pragma unroll
+        for (int np = 0; np < L::NTQ / 2; ++np) {
+          unsigned int bk[4];
+          ldmatrix_x4_trans(bk, k_b + (kk * 16 * L::KS + np * 16) * 2);
+#pragma unroll
+          for (int mq = 0; mq < L::MTQ; ++mq) {
+            if (kk == 0) {
+              mma_16816_zc<Tr::kIsBf16>(acc_q[mq][2 * np], a[mq], bk[0], bk[1]);
+              mma_16816_zc<Tr::kIsBf16>(acc_q[mq][2 * np + 1], a[mq], bk[2], bk[3]);
+            } else {
+              mma_16816<Tr::kIsBf16>(acc_q[mq][2 * np], a[mq], bk[0], bk[1]);
+              mma_16816<Tr::kIsBf16>(acc_q[mq][2 * np + 1], a[mq], bk[2], bk[3]);
+            }
+          }
+        }
+      }
+      float* gdq = bp.dq_accum + (long long)(b * p.H + h) * p.Nq * D;
+#pragma unroll
+      for (int mq = 0; mq < L::MTQ; ++mq)
+#pragma unroll
+        for (int nt = 0; nt < L::NTQ; ++nt)
+          atomic_add_c_tile(gdq, D, q0 + wm * L::RQ + mq * 16, wn * L::CQ + nt * 8, p.Nq, acc_q[mq][nt]);
+    }
+    stage_off ^= L::kStageBytes;
+    it = it_next;
+  }
+
+  // Epilogue: dK and dV rows of this CTA (every row is written, zeros where no query saw the key).
+#pragma unroll
+  for (int mt = 0; mt < MTK; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int key = kv0 + kr0 + mt * 16 + g + 8 * hf;
+      if (key < p.Nk) {
+        if constexpr (kDoDK) {
+          T* dst = reinterpret_cast<T*>(bp.dk) + b * bp.dk_sb + h_kv * bp.dk_sh + (long long)key * bp.dk_sn + 2 * t;
+#pragma unroll
+          for (int nt = 0; nt < D / 8; ++nt) {
+            *reinterpret_cast<unsigned int*>(dst + nt * 8) = Tr::pack2(st.acc_dk[mt][nt][2 * hf], st.acc_dk[mt][nt][2 * hf + 1]);
+          }
+        }
+        if constexpr (kDoDV) {
+          T* dst = reinterpret_cast<T*>(bp.dv) + b * bp.dv_sb + h_kv * bp.dv_sh + (long long)key * bp.dv_sn + 2 * t;
+#pragma unroll
+          for (int nt = 0; nt < DV / 8; ++nt) {
+            *reinterpret_cast<unsigned int*>(dst + nt * 8) = Tr::pack2(st.acc_dv[mt][nt][2 * hf], st.acc_dv[mt][nt][2 * hf + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ac
