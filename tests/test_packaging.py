@@ -24,10 +24,13 @@ def test_wheel_contains_templates_and_compiles_a_kernel(tmp_path):
                  "attncompiler/templates/include/attncompiler/v2_fwd.cuh",
                  "attncompiler/templates/include/attncompiler/common.cuh"):
         assert must in names, f"{must} missing from {whl.name}"
+    # No PYTHONPATH: a source checkout on it (with the egg-info `pip wheel` leaves) would look installed.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, env=env)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", str(whl)], check=True,
+                   env=env, cwd=tmp_path)
     code = (
         "import attncompiler, attncompiler.codegen.render as r, shutil\n"
         "from attncompiler.spec import presets\n"
@@ -43,7 +46,6 @@ def test_wheel_contains_templates_and_compiles_a_kernel(tmp_path):
         "    print('registers', compile_with_nvcc(ks.source, 'sm_80').registers)\n"
         "print('ok', len(ks.source))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ok" in res.stdout
