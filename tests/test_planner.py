@@ -202,7 +202,8 @@ def test_v2_default_is_feasible(target: str, d: int) -> None:
     t = get_target(target)
     p = plan_v2(ProblemDims(d), target)
     assert isinstance(p, V2Plan)
-    assert p.smem_bytes == v2_smem_bytes(p.block_m, p.block_n, d, d) <= t.max_smem_per_block_optin
+    assert p.smem_bytes == v2_smem_bytes(p.block_m, p.block_n, d, d, stages=p.stages) <= t.max_smem_per_block_optin
+    assert p.stages in (1, 2)
     assert p.est_registers_per_thread <= 255
     assert p.block_m == 16 * p.mt * p.num_warps and p.mt in (1, 2)
     assert p.num_threads == 32 * p.num_warps <= 1024 and p.ctas_per_sm >= 1
@@ -214,7 +215,7 @@ def test_v2_default_is_feasible(target: str, d: int) -> None:
 def test_v2_lead_defaults_on_sm_90() -> None:
     p = plan_v2(ProblemDims(128), "sm_90")
     assert (p.block_m, p.block_n, p.num_warps, p.mt, p.q_in_regs) == (128, 64, 4, 2, False)
-    assert p.smem_bytes == (128 * 136 + 64 * 136 + 64 * 136) * 2 == 69632
+    assert p.smem_bytes == (128 * 136 + p.stages * (64 * 136 + 64 * 136)) * 2  # 69632 B per K/V stage count 1
     assert p.est_registers_per_thread == 128 + 64 + 40
     text = "\n".join(p.reasons)
     assert "296 > 200" in text  # why Q stays in smem
@@ -222,7 +223,7 @@ def test_v2_lead_defaults_on_sm_90() -> None:
     p = plan_v2(ProblemDims(64), "sm_90")
     assert (p.block_m, p.block_n, p.num_warps, p.mt) == (128, 128, 4, 2)
     p = plan_v2(ProblemDims(256), "sm_90")
-    assert p.mt == 1 and p.block_n in (32, 64) and p.num_warps in (4, 8)
+    assert p.mt == 1 and p.block_n in (32, 64, 128) and p.num_warps in (4, 8)
 
 
 def test_v2_sm_86_d256_rejects_big_tiles_with_numbers() -> None:
@@ -406,8 +407,12 @@ def test_v2_smem_uses_max_head_dim_for_q_rows() -> None:
 
 
 def test_v2_stages_knob() -> None:
-    p1 = plan_v2(ProblemDims(128), "sm_90")
-    assert p1.stages == 1  # the model sees no gain from a second buffer: the tie-break keeps 1
+    from attncompiler.plan.v2 import RANK_KEYS
+    p1 = plan_v2(ProblemDims(128), "sm_90", stages=1)
+    assert p1.stages == 1 and p1.smem_bytes == 69632
+    assert any("stages" in k for k in RANK_KEYS)  # STAGES only breaks ties (same occupancy)
+    d = plan_v2(ProblemDims(128), "sm_90")
+    assert (d.block_m, d.block_n, d.num_warps) == (p1.block_m, p1.block_n, p1.num_warps)
     p2 = plan_v2(ProblemDims(128), "sm_90", stages=2)
     assert p2.stages == 2 and p2.smem_bytes == v2_smem_bytes(p2.block_m, p2.block_n, 128, 128, stages=2)
     assert p2.smem_bytes == (128 * 136 + 2 * 64 * 272) * 2 and "STAGES=2" in p2.describe()
