@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = [
     "AttentionSpec", "compile", "attention", "CompiledAttention", "presets", "ops", "reference_attention",
-    "build_ir", "__version__",
+    "build_ir", "autotune", "__version__",
 ]
 
 __version__ = "0.1.0"
@@ -26,6 +26,7 @@ _LAZY = {
     "ops": ("attncompiler.ops", None),
     "reference_attention": ("attncompiler.reference", "reference_attention"),
     "build_ir": ("attncompiler.ir.build", "build_ir"),
+    "autotune": ("attncompiler.runtime.autotune", "autotune"),
 }
 
 

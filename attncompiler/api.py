@@ -307,16 +307,16 @@ _fn_kernels: dict[int, CompiledAttention] = {}
 
 @torch.compiler.assume_constant_result
 def _functional_kernel_id(head_dim: int, head_dim_v: int, dtype: torch.dtype, causal: bool, score_mod: Callable | None,
-                          mask_mod: Callable | None, dropout_p: float, schedule: str) -> int:
+                          mask_mod: Callable | None, dropout_p: float, schedule: str, seqlen_bucket: int = 0) -> int:
     """Compile (once per key) the functional API's kernel; returns its id.  Under torch.compile this
     runs at trace time and its result is a constant of the graph (no graph break)."""
     key = (head_dim, head_dim_v, dtype, causal, score_mod, mask_mod, dropout_p > 0, schedule)
-    spec = _fn_cache.get(key)
+    spec = _fn_cache.get(key)  # the spec does not depend on the seqlen; the (tuned) plan may
     if spec is None:
         spec = AttentionSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype, causal=causal,
                              score_mod=score_mod, mask_mod=mask_mod, dropout_p=dropout_p)
         _fn_cache[key] = spec
-    kern = compile(spec, schedule)
+    kern = compile(spec, schedule, seqlen_hint=seqlen_bucket or None)
     with _cache_lock:
         _fn_kernels.setdefault(kern._op_id, kern)
     return kern._op_id
@@ -347,8 +347,10 @@ def attention(
         raise InputError(f"q: expected a 4-d torch.Tensor (B, H, N, D), got {getattr(q, 'shape', type(q).__name__)}")
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         raise InputError(f"v: expected a 4-d torch.Tensor (B, H, N, DV), got {getattr(v, 'shape', type(v).__name__)}")
+    n = int(q.shape[2])
+    bucket = 1 << max(0, n - 1).bit_length()  # tuned plans are kept per power-of-two seqlen bucket
     kid = _functional_kernel_id(int(q.shape[-1]), int(v.shape[-1]), q.dtype, causal, score_mod, mask_mod,
-                                float(dropout_p), schedule)
+                                float(dropout_p), schedule, bucket)
     kern = _fn_kernels[kid]
     return kern(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed,
                 deterministic=deterministic)
