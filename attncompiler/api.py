@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import threading
 import time
 from dataclasses import dataclass, field
@@ -106,7 +108,12 @@ class CompiledAttention:
         (also for a v1 forward); under ``torch.compile`` the op is traced without a graph break.
         ``deterministic`` (default: ``torch.are_deterministic_algorithms_enabled()``) makes the
         gradients bit-identical run to run (dQ in a separate pass instead of fp32 atomics).
-        ``out=`` is for the forward-only path (no autograd, no torch.compile)."""
+        ``out=`` is for the forward-only path (no autograd, no torch.compile).
+
+        Arguments are validated before anything touches CUDA (:class:`InputError`, saying what was
+        expected and what was got); docs/shapes.md lists the accepted layouts and edge cases."""
+        self._check_call_args(scale=scale, dropout_p=dropout_p, seed=seed, offset=offset, buffers=buffers,
+                              out=out, deterministic=deterministic)
         values = dict(self._buffers)
         if buffers:
             values.update(buffers)
@@ -130,6 +137,50 @@ class CompiledAttention:
         o, lse = _autograd.attention_op(self, q, k, v, scale=sc, dropout_p=p_drop, rng=rng, buffers=values,
                                         deterministic=det)
         return (o, lse) if return_lse else o
+
+    def _check_call_args(self, *, scale: Any, dropout_p: Any, seed: Any, offset: Any, buffers: Any, out: Any,
+                         deterministic: Any) -> None:
+        """The non-tensor arguments of ``__call__`` and the buffer overrides (CPU-only checks)."""
+        if scale is not None and not isinstance(scale, torch.SymFloat):  # symbolic under torch.compile: unchecked
+            ok = isinstance(scale, numbers.Real) and not isinstance(scale, bool)
+            if not ok or not math.isfinite(float(scale)) or float(scale) <= 0.0:
+                raise InputError(f"scale: expected a finite float > 0 (or None for the spec's {self.ir.scale:.6g}), "
+                                 f"got {scale!r}")
+        if dropout_p is not None and (isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real)
+                                      or not 0.0 <= float(dropout_p) < 1.0):
+            raise InputError(f"dropout_p: expected a value in [0, 1) (or None for the spec's {self.ir.dropout_p}), "
+                             f"got {dropout_p!r}")
+        if dropout_p is not None:
+            self._check_dropout(float(dropout_p))
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (numbers.Integral, torch.SymInt))):
+            raise InputError(f"seed: expected an int (or None for a random seed), got {type(seed).__name__} {seed!r}")
+        if isinstance(offset, bool) or not isinstance(offset, (numbers.Integral, torch.SymInt)):
+            raise InputError(f"offset: expected an int, got {type(offset).__name__} {offset!r}")
+        if deterministic is not None and not isinstance(deterministic, bool):
+            raise InputError(f"deterministic: expected True, False or None, got {deterministic!r}")
+        if out is not None and not isinstance(out, torch.Tensor):
+            raise InputError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
+        if buffers is None:
+            return
+        if not isinstance(buffers, Mapping):
+            raise InputError(f"buffers: expected a mapping name -> torch.Tensor, got {type(buffers).__name__}")
+        infos = {b.name: b for b in self.ir.buffers}
+        for name, t in buffers.items():
+            info = infos.get(name)
+            if info is None:
+                raise InputError(f"buffers: expected names among the spec's captured buffers {sorted(infos)}, "
+                                 f"got {name!r}")
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"buffer {name!r}: expected a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != info.ndim:
+                raise InputError(f"buffer {name!r}: expected {info.ndim} dims (as captured), "
+                                 f"got shape {tuple(t.shape)}")
+            if t.numel() == 0:
+                raise InputError(f"buffer {name!r}: expected a non-empty tensor, got shape {tuple(t.shape)}")
+            if t.dtype.is_complex or (info.kind == "int" and t.is_floating_point()):
+                kind = "a float or int" if info.kind == "float" else "an int or bool"
+                raise InputError(f"buffer {name!r}: expected {kind} tensor (the spec captured a {info.kind} "
+                                 f"buffer), got dtype {t.dtype}")
 
     def _check_dropout(self, p_drop: float) -> None:
         if (p_drop > 0.0) != (self.ir.dropout_p > 0.0):
@@ -176,7 +227,7 @@ class CompiledAttention:
         else:
             o = torch.empty(dims.B, dims.H, dims.Nq, dims.DV, device=q.device, dtype=q.dtype)
         lse = torch.empty(dims.B, dims.H, dims.Nq, device=q.device, dtype=torch.float32) if return_lse else None
-        if dims.Nq == 0:
+        if dims.Nq == 0 or dims.B * dims.H == 0:  # nothing to compute (and a grid of 0 CTAs cannot launch)
             return (o, lse) if return_lse else o
         if dims.Nk == 0:  # no keys: every row is empty
             o.zero_()

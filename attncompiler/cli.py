@@ -156,6 +156,12 @@ def _cmd_tune(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from .bench.runner import run_args
+
+    return run_args(args)
+
+
 def _cmd_presets(args) -> int:
     from .spec.presets import PRESETS
 
@@ -262,6 +268,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="re-benchmark even if a tuned plan is cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=_cmd_tune)
+    p = sub.add_parser("bench", help="benchmark suite beside SDPA and FlexAttention: JSON, markdown, plots (GPU)")
+    from .bench import add_arguments as bench_arguments
+
+    bench_arguments(p)
+    p.set_defaults(fn=_cmd_bench)
     p = sub.add_parser("presets", help="list preset names")
     p.set_defaults(fn=_cmd_presets)
     return ap

@@ -36,14 +36,16 @@ def random_qkv(B: int, H: int, Nq: int, Nk: int, D: int, DV: int, dtype: torch.d
 
 
 def check_kernel(kernel, B: int, H: int, Nq: int, Nk: int | None = None, *, seed: int = 1234,
-                 factor: float = 2.0, lse_tol: float = 2e-3, layout: str = "bhnd") -> CheckResult:
+                 factor: float = 2.0, lse_tol: float = 2e-3, layout: str = "bhnd",
+                 H_kv: int | None = None) -> CheckResult:
     """Run ``kernel`` (a CompiledAttention) on random inputs and compare with the float64 reference.
 
-    ``layout`` "bnhd" passes (B, N, H, d) storage viewed as (B, H, N, d)."""
+    ``layout`` "bnhd" passes (B, N, H, d) storage viewed as (B, H, N, d); ``H_kv`` (default H)
+    gives k and v fewer heads (GQA / MQA)."""
     Nk = Nq if Nk is None else Nk
     ir = kernel.ir
     dt = torch.bfloat16 if ir.dtype == "bf16" else torch.float16
-    q, k, v = random_qkv(B, H, Nq, Nk, ir.head_dim, ir.head_dim_v, dt)
+    q, k, v = random_qkv(B, H, Nq, Nk, ir.head_dim, ir.head_dim_v, dt, H_kv=H_kv)
     if layout == "bnhd":
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     out = torch.full((B, H, Nq, ir.head_dim_v), float("nan"), device=q.device, dtype=dt)

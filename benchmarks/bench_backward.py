@@ -1,12 +1,13 @@
 """Backward and forward+backward TFLOP/s of attncompiler v2 beside torch SDPA (flash = FlashAttention-2, cuDNN).
 
-    PYTHONPATH=. python3 benchmarks/bench_backward.py [--quick] [--configs]
+    PYTHONPATH=. python3 benchmarks/bench_backward.py [--quick] [--configs] [--check] [--head-dims 64,128] [--causal 0,1]
 
 Grid: B*N = 16k tokens, H*d = 2048, N in {1k, 4k, 16k}, d in {64, 128}, causal and not, bf16, one
 process.  FLOPs: forward 4*B*H*N^2*d, backward 2.5x that (5 matmuls instead of 2), halved when
 causal.  "bwd" times ``torch.autograd.grad`` of a retained graph (backward only); "fwd+bwd" a
 full step.  Timing: triton's do_bench median (CUDA events) with inputs rotated over several sets.
-``--configs`` also times the deterministic mode and other dK/dV tile configurations at N = 16k.
+``--configs`` also times the deterministic mode and other dK/dV configurations (CONFIGS) at N = 16k;
+``--check`` first checks their gradients on small problems.
 Writes JSON lines to $OUT/bench_backward.jsonl (or /tmp) and prints a table with ratios.
 """
 from __future__ import annotations
@@ -20,8 +21,45 @@ import torch
 import torch.nn.functional as F
 
 
-CONFIGS = (("v2_bm32", {"block_m": 32}), ("v2_w4", {"num_warps": 4}), ("v2_w4_bm32", {"num_warps": 4, "block_m": 32}),
-           ("v2_bm128", {"block_m": 128}))
+# --configs: backward plan options timed beside the default at N = 16k (infeasible ones are reported).
+CONFIGS = (("v2_1d_as_before", {"layout": "1d", "dq_red_vec": 4, "dq_defer": False}), ("v2_1d", {"layout": "1d"}),
+           ("v2_stage0", {"dq_stage": 0}), ("v2_stage2", {"dq_stage": 2}), ("v2_noreghalf", {"reg_half": False}))
+
+
+def _check_specs(args) -> list:
+    import attncompiler as ac
+    from attncompiler.spec import presets
+
+    out = []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        out += [presets.causal(d), presets.plain(d), ac.AttentionSpec(head_dim=d, dropout_p=0.2, causal=True),
+                presets.get_preset("document", head_dim=d, num_heads=3, seqlen=1023)]
+    return out
+
+
+def _check_configs(args) -> bool:
+    """--check: gradients of every config (and the default) against float64 autograd on small
+    problems (ragged lengths, causal, dropout, a document mask) before anything is timed."""
+    import attncompiler as ac
+    from attncompiler.testing import check_kernel_grads
+
+    ok = True
+    for d in (int(x) for x in args.head_dims.split(",")):
+        specs = [s for s in _check_specs(args) if s.head_dim == d]
+        for name, opts in (("v2", {}),) + CONFIGS:
+            for spec in specs:
+                kern = ac.compile(spec, "v2")
+                kern.backward_options = opts
+                try:
+                    kern.backward_source()
+                except Exception as e:  # infeasible on this head dim
+                    print(f"check {name} d={d}: infeasible ({str(e)[:80]})", flush=True)
+                    break
+                for n in (113, 1023):
+                    r = check_kernel_grads(kern, 2, 3, n)
+                    ok = ok and r.ok
+                    print(f"check {name} d={d} {spec.name} N={n}: {'ok' if r.ok else 'FAIL ' + str(r)}", flush=True)
+    return ok
 
 
 def _precompile(args, seqlens) -> None:
@@ -35,6 +73,16 @@ def _precompile(args, seqlens) -> None:
 
     tgt = detect_target()
     jobs = []
+    if args.check:
+        for spec in _check_specs(args):
+            ir = build_ir(spec)
+            sched = get_schedule("v2")
+            jobs.append((sched.render(ir, sched.make_plan(ir, tgt), tgt).source, tgt.nvrtc_arch))
+            for _, opts in (("v2", {}),) + CONFIGS:
+                try:
+                    jobs.append((bwd_source(ir, tgt, options=opts).source, tgt.nvrtc_arch))
+                except Exception:
+                    pass
     for d in (int(x) for x in args.head_dims.split(",")):
         for causal in (c == "1" for c in args.causal.split(",")):
             ir = build_ir(presets.causal(d) if causal else presets.plain(d))
@@ -63,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", action="store_true", help="also deterministic mode and other tile configs")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--check", action="store_true", help="check every config's gradients first (small problems)")
     args = ap.parse_args(argv)
     out_path = os.path.join(os.environ.get("OUT", "/tmp"), "bench_backward.jsonl")
     fout = open(out_path, "a")
@@ -78,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
     seqlens = (16384,) if args.quick else (1024, 4096, 16384)
     _precompile(args, seqlens)
+    if args.check and not _check_configs(args):
+        print("# gradient check FAILED for some config (see above)", flush=True)
     for d in (int(x) for x in args.head_dims.split(",")):
         H = 2048 // d
         for N in seqlens:

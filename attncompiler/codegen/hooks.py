@@ -3,15 +3,18 @@
 Emits the *prelude* every schedule's translation unit starts with (after common.cuh):
 ``ac_elem_t``, ``struct AttnParams``, ``struct AttnBuffers`` and ``struct Variant`` whose static
 members ``score_mod``, ``mask`` and ``tile_class`` are the FlashInfer-style hooks the kernels call
-(docs/architecture.md, "Hooks").  With ``backward=True`` (the backward translation units) the
-Variant also gets ``score_mod_grad`` -- d score_mod / d score, evaluated at the scaled score,
-derived symbolically by :mod:`attncompiler.ir.grad` -- and ``kScoreModGradIsOne``; the forward's
-prelude is unchanged (byte for byte, so cached forward kernels stay valid).
+(docs/architecture.md, "Hooks"), plus ``kv_range`` / ``q_range``: the K/V rows a query block can
+see and the query rows a K/V block can be seen from (:mod:`attncompiler.ir.ranges`).  With
+``backward=True`` (the backward translation units) the Variant also gets ``score_mod_grad`` --
+d score_mod / d score, evaluated at the scaled score, derived symbolically by
+:mod:`attncompiler.ir.grad` -- and ``kScoreModGradIsOne``; the forward's prelude is unchanged (byte
+for byte, so cached forward kernels stay valid).
 """
 from __future__ import annotations
 
 from ..ir.bounds import tile_classifier
 from ..ir.grad import score_grad_expr
+from ..ir.ranges import kv_range, q_range
 from ..ir.types import AttentionIR
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
 from .cuda_printer import print_cuda
@@ -65,6 +68,22 @@ def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
         f"                                                   {_HOOK_ARGS}) {{",
     ]
     lines += ["    " + ln for ln in tile_body.strip().splitlines()]
+    lines += ["  }"]
+    mask = ir.mask_expr if has_mask else None
+    lines += [
+        "  // K/V rows [lo, hi] that query rows [q_lo, q_hi] (inclusive) can see: no visible key lies",
+        "  // outside (sound; exact for linear masks); lo > hi: none",
+        "  static __device__ __forceinline__ void kv_range(int b, int h, int q_lo, int q_hi, " + _HOOK_ARGS + ",",
+        "                                                  int& lo, int& hi) {",
+    ]
+    lines += ["    " + ln for ln in kv_range(mask).to_cuda().splitlines()]
+    lines += [
+        "  }",
+        "  // query rows [lo, hi] from which K/V rows [kv_lo, kv_hi] (inclusive) can be seen; lo > hi: none",
+        "  static __device__ __forceinline__ void q_range(int b, int h, int kv_lo, int kv_hi, " + _HOOK_ARGS + ",",
+        "                                                 int& lo, int& hi) {",
+    ]
+    lines += ["    " + ln for ln in q_range(mask).to_cuda().splitlines()]
     lines += ["  }"]
     if backward:
         grad = score_grad_expr(ir.score_expr)

@@ -62,7 +62,8 @@ def kv_entries(plan: V2BwdPlan) -> tuple[str, ...]:
 
 
 def make_bwd_plan(ir: AttentionIR, target: Target, *, deterministic: bool = False, **options: Any) -> V2BwdPlan:
-    """The backward plan (``options``: block_m, num_warps, mtk, split_dkv)."""
+    """The backward plan (``options``: block_m, num_warps, mtk, split_dkv, layout, s_warps_k, kv_warps_k,
+    dq_red_vec, dq_defer, reg_half, dq_stage)."""
     return plan_v2_bwd(ir, target, dq_mode="separate" if deterministic else "atomic", **options)
 
 
@@ -82,6 +83,13 @@ def render_bwd(ir: AttentionIR, plan: V2BwdPlan, target: Target) -> BwdKernelSou
         mtk=plan.mtk,
         dq_warps_m=plan.dq_warps_m,
         dq_warps_n=plan.dq_warps_n,
+        layout=plan.layout,
+        s_warps_k=plan.s_warps_k,
+        kv_warps_k=plan.kv_warps_k,
+        dq_red_vec=plan.dq_red_vec,
+        dq_defer=plan.dq_defer,
+        reg_half=plan.reg_half,
+        dq_stage=plan.dq_stage,
         split_dkv=plan.split_dkv,
         dq_mode=plan.dq_mode,
         dq_block_m=plan.dq_block_m,

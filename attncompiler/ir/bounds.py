@@ -263,7 +263,7 @@ def _mag(e: sympy.Basic) -> float:
     if isinstance(e, (sympy.floor, sympy.ceiling)):
         n, d = int_division_parts(e.args[0])
         return max(_mag(n), _mag(d)) + 1
-    if isinstance(e, (sympy.Mod, sympy.Min, sympy.Max, sympy.Abs, sympy.And, sympy.Or, sympy.Not)):
+    if isinstance(e, (sympy.Mod, sympy.Min, sympy.Max, sympy.Abs, sympy.And, sympy.Or, sympy.Not, sympy.ITE)):
         return max(_mag(a) for a in e.args)
     if isinstance(e, sympy.Piecewise):
         return max(max(_mag(pc.expr), _mag(pc.cond)) for pc in e.args)
@@ -320,6 +320,9 @@ def _compile(e: sympy.Basic) -> Callable[[Env], Any]:  # noqa: C901 - one branch
         return lambda env: any(f(env) for f in fs)
     if isinstance(e, sympy.Not):
         return lambda env: not fs[0](env)
+    if isinstance(e, sympy.ITE):
+        c, a, b = fs
+        return lambda env: a(env) if c(env) else b(env)
     if isinstance(e, sympy.Piecewise):
         pieces = [(_compile(pc.expr), _compile(pc.cond)) for pc in e.args]
         return lambda env: next(v(env) for v, c in pieces if c(env))

@@ -44,22 +44,22 @@ def _desc(t: torch.Tensor) -> str:
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: AttentionIR) -> AttnInputs:
-    """Validate q (B, H, Nq, D), k (B, H_kv, Nk, D), v (B, H_kv, Nk, DV) for ``ir``."""
+    """Validate q (B, H, Nq, D), k (B, H_kv, Nk, D), v (B, H_kv, Nk, DV) for ``ir``.
+
+    Order: type, rank and dtype of each tensor, then the shapes, then the device (so a shape or
+    dtype mistake is reported even for CPU tensors, and nothing touches CUDA before every check
+    has passed), then the launch limits and the memory layout."""
     want = _TORCH_DTYPES[ir.dtype]
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
+        if t.dim() != 4:
+            raise InputError(f"{name}: expected 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
         if t.dtype != want:
             raise InputError(
                 f"{name}: expected dtype {want} (the spec's dtype {ir.dtype!r}), got {t.dtype}; "
                 f"cast the input or compile a spec with dtype={t.dtype}"
             )
-        if t.dim() != 4:
-            raise InputError(f"{name}: expected 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
-    if not (q.device == k.device == v.device):
-        raise InputError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
     B, H, Nq, D = q.shape
     Bk, H_kv, Nk, Dk = k.shape
     Bv, H_v, Nv, DV = v.shape
@@ -75,8 +75,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
         raise InputError(f"k and v: expected the same heads and seqlen, got k {_desc(k)} and v {_desc(v)}")
     if H_kv == 0 or H % H_kv != 0:
         raise InputError(f"heads: expected q heads ({H}) to be a multiple of k/v heads ({H_kv})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
     if B * H > _MAX_GRID_Y:
-        raise InputError(f"batch*heads: expected at most {_MAX_GRID_Y}, got {B * H}")
+        raise InputError(f"batch*heads: expected at most {_MAX_GRID_Y} (the launch grid's y limit), got {B * H}")
     if max(Nq, Nk) >= 2**31 - 1024:
         raise InputError(f"seqlen: expected < 2^31, got Nq={Nq}, Nk={Nk}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -108,6 +113,10 @@ def prepare_buffers(ir: AttentionIR, values: Mapping[str, torch.Tensor], device:
             raise InputError(f"buffer {info.name!r}: expected {info.ndim} dims, got shape {tuple(t.shape)}")
         if t.numel() == 0:
             raise InputError(f"buffer {info.name!r}: expected a non-empty tensor, got shape {tuple(t.shape)}")
+        if t.dtype.is_complex or (info.kind == "int" and t.is_floating_point()):
+            kind = "a float or int" if info.kind == "float" else "an int or bool"
+            raise InputError(f"buffer {info.name!r}: expected {kind} tensor (the spec captured a {info.kind} buffer), "
+                             f"got dtype {t.dtype}")
         want = torch.float32 if info.kind == "float" else torch.int32
         out.append(t.to(device=device, dtype=want).contiguous())
     return out

@@ -16,6 +16,8 @@ from .presets import (
     plain,
     prefix_lm,
     prefix_lm_mask,
+    relative_bias,
+    relative_bias_score_mod,
     sliding_window,
     sliding_window_mask,
     softcap,
@@ -29,5 +31,5 @@ __all__ = [
     "trace_mask_mod", "causal_mask_expr", "ops", "presets", "PRESETS", "get_preset",
     "plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document",
     "causal_mask", "sliding_window_mask", "prefix_lm_mask", "document_mask", "alibi_score_mod",
-    "softcap_score_mod", "and_masks", "or_masks",
+    "softcap_score_mod", "and_masks", "or_masks", "relative_bias", "relative_bias_score_mod",
 ]

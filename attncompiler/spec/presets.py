@@ -6,6 +6,7 @@ then ``head_dim``, then any other AttentionSpec field as a keyword::
     presets.alibi(slopes, head_dim=128, causal=True, dtype="fp16")
     presets.sliding_window(256, head_dim=64)
     presets.causal(128)
+    presets.relative_bias(table, head_dim=64)      # table: (num_heads, 2R + 1) float
 
 A preset sets one modifier (``score_mod`` or ``mask_mod``); passing the same field again is an
 error rather than a silent override.  To combine variants, use the modifier factories and the
@@ -17,7 +18,7 @@ mask combinators, which are plain FlexAttention-style functions::
 
 Modifiers work when traced *and* when called eagerly on torch tensors (broadcast index tensors),
 so a reference can evaluate them directly.  Buffer names come from the closure variables:
-``slopes`` (alibi) and ``doc_ids`` (document).
+``slopes`` (alibi), ``doc_ids`` (document) and ``bias_table`` (relative_bias).
 
 Mask modifiers have no access to the sequence lengths, so the causal parts of ``sliding_window``
 and ``prefix_lm`` are top-left aligned (``q_idx >= kv_idx``, as in FlexAttention); the
@@ -32,12 +33,14 @@ from typing import Any, Callable
 
 import torch
 
+from . import ops
 from .spec import AttentionSpec, SpecError
 
 __all__ = [
-    "plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document",
+    "plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias",
     "causal_mask", "sliding_window_mask", "prefix_lm_mask", "document_mask", "alibi_score_mod",
-    "softcap_score_mod", "and_masks", "or_masks", "alibi_slopes", "document_ids",
+    "softcap_score_mod", "relative_bias_score_mod", "and_masks", "or_masks", "alibi_slopes", "document_ids",
+    "relative_bias_table",
     "PRESETS", "get_preset",
 ]
 
@@ -113,6 +116,32 @@ def softcap_score_mod(cap: float) -> ScoreMod:
     return softcap_score_mod
 
 
+def _table_arg(table: Any) -> torch.Tensor:
+    ok = (isinstance(table, torch.Tensor) and table.dim() == 2 and table.is_floating_point()
+          and table.shape[0] >= 1 and table.shape[1] % 2 == 1)
+    if not ok:
+        got = f"{table.dtype} tensor of shape {tuple(table.shape)}" if isinstance(table, torch.Tensor) \
+            else type(table).__name__
+        raise SpecError(f"table: expected a 2-D floating torch.Tensor of shape (num_heads, 2R + 1) (an odd "
+                        f"number of relative distances -R..R), got {got}")
+    return table
+
+
+def relative_bias_score_mod(table: torch.Tensor) -> ScoreMod:
+    """Learned relative position bias: ``score + table[h, clamp(kv_idx - q_idx + R, 0, 2R)]``.
+
+    ``table``: (num_heads, 2R + 1) float; column ``R + d`` is the bias of distance ``d = kv_idx -
+    q_idx``, distances beyond +-R share the edge columns.  The buffer is named ``bias_table``; make
+    it learnable with ``requires_grad_()`` (or pass ``buffers={"bias_table": t}`` at call time) and
+    its gradient is scatter-added at the clamped index."""
+    bias_table = _table_arg(table)
+    r = (int(bias_table.shape[1]) - 1) // 2
+
+    def relative_bias_score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return score + bias_table[h, ops.clamp(kv_idx - q_idx + r, 0, 2 * r)]
+    return relative_bias_score_mod
+
+
 def and_masks(*mask_mods: MaskMod) -> MaskMod:
     """A mask_mod visible where all of ``mask_mods`` are."""
     if not mask_mods:
@@ -186,6 +215,12 @@ def document(doc_ids: torch.Tensor, head_dim: int, **kw: Any) -> AttentionSpec:
     return _build("document", head_dim, kw, mask_mod=document_mask(doc_ids))
 
 
+def relative_bias(table: torch.Tensor, head_dim: int, **kw: Any) -> AttentionSpec:
+    """Relative position bias from a (num_heads, 2R + 1) float table (buffer ``bias_table``):
+    ``score + table[h, clamp(kv_idx - q_idx + R, 0, 2R)]`` (T5 / Swin style, learnable)."""
+    return _build("relative_bias", head_dim, kw, score_mod=relative_bias_score_mod(table))
+
+
 # ----------------------------------------------------------------------------------- registry
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """The ALiBi paper's slopes 2^(-8 (i + 1) / H), float32 of shape (H,)."""
@@ -197,6 +232,14 @@ def document_ids(seqlen: int, num_docs: int = 4) -> torch.Tensor:
     """int32 ids of ``num_docs`` equal-length documents packed into ``seqlen`` positions."""
     n, d = _int_arg("seqlen", seqlen, lo=1), _int_arg("num_docs", num_docs, lo=1)
     return (torch.arange(n, dtype=torch.int64) * d // n).to(torch.int32)
+
+
+def relative_bias_table(num_heads: int, max_distance: int = 128) -> torch.Tensor:
+    """A deterministic (num_heads, 2 * max_distance + 1) float32 table: ALiBi's symmetric decay
+    ``-slope_h * |d|`` for distance d in [-max_distance, max_distance] (a starting point to learn)."""
+    r = _int_arg("max_distance", max_distance)
+    d = torch.arange(-r, r + 1, dtype=torch.float64).abs()
+    return (-alibi_slopes(num_heads).double()[:, None] * d[None, :]).to(torch.float32)
 
 
 def _reg_plain(head_dim: int, num_heads: int, seqlen: int, **kw: Any) -> AttentionSpec:
@@ -227,6 +270,10 @@ def _reg_document(head_dim: int, num_heads: int, seqlen: int, **kw: Any) -> Atte
     return document(document_ids(seqlen, 4), head_dim, **kw)
 
 
+def _reg_relative_bias(head_dim: int, num_heads: int, seqlen: int, **kw: Any) -> AttentionSpec:
+    return relative_bias(relative_bias_table(num_heads, 128), head_dim, **kw)
+
+
 PRESETS: dict[str, Callable[..., AttentionSpec]] = {
     "plain": _reg_plain,
     "causal": _reg_causal,
@@ -235,6 +282,7 @@ PRESETS: dict[str, Callable[..., AttentionSpec]] = {
     "softcap": _reg_softcap,                # cap 30
     "prefix_lm": _reg_prefix_lm,            # prefix seqlen // 4
     "document": _reg_document,              # 4 equal documents over seqlen
+    "relative_bias": _reg_relative_bias,    # (H, 257) table, R = 128, ALiBi-like symmetric decay
 }
 """name -> f(head_dim, num_heads, seqlen, **AttentionSpec fields) with zero-config defaults."""
 

@@ -6,23 +6,31 @@
 //              recomputed P of it is 0) and dsum = rowsum(dO * O) - dlse, into row-padded fp32
 //              arrays (padded rows: lse2 = +inf, dsum = 0, so the main loop never bounds-checks).
 //
-// v2_bwd_kv    grid (ceil(Nk / BLOCK_N), B * H_kv). A CTA owns BLOCK_N keys of one (b, kv head);
-//              each warp owns 16 * MTK of them and keeps their dK and dV in registers while the
-//              CTA walks the query blocks (BLOCK_M rows) of every query head of the group. Per
-//              query block, with the keys as the mma's M dimension ("transposed" products, so no
-//              P or dS round trip through shared memory for dK / dV):
+// v2_bwd_kv    grid (ceil(Nk / BLOCK_N), B * H_kv). A CTA owns BLOCK_N keys of one (b, kv head)
+//              and keeps their dK and dV in registers while it walks the query blocks (BLOCK_M
+//              rows) of every query head of the group. Per query block, with the keys as the mma's
+//              M dimension ("transposed" products):
 //                S^T  = K Q^T                     (A = K rows, B = Q rows)
 //                P^T  = exp2(score_mod(scale S^T) log2 e - lse2)      masked -> 0
 //                dP^T = V dO^T
 //                dS^T = P^T o (z dP^T - dsum) o score_mod'(scale S^T) * scale   (z: dropout keep / (1-p))
-//                dV  += (z P^T) dO                (A = the P^T accumulators, B = dO via ldmatrix.trans)
-//                dK  += dS^T Q                    (A = the dS^T accumulators, B = Q via ldmatrix.trans)
-//                kDQAtomic: dS^T -> shared memory (bf16/fp16), barrier, dQ_blk = dS K split over the
-//                warps (WQM x WQN), added into the fp32 accumulator with 16-byte reds.
+//                dV  += (z P^T) dO                (B = dO via ldmatrix.trans)
+//                dK  += dS^T Q                    (B = Q via ldmatrix.trans)
+//                atomic mode: dQ_blk = dS K over a WQM x WQN warp grid (dS^T from shared memory),
+//                added into the fp32 accumulator with reds.
+//              Two warp layouts (the planner's choice):
+//                v2_bwd_kv     1-D: each warp owns 16 * MTK keys for every product; P^T and dS^T
+//                              are register A operands (no round trip through shared memory for
+//                              dK / dV); every warp reads all of Q and dO twice per step. kDoDV /
+//                              kDoDK split the work in two launches for head dims whose dK + dV do
+//                              not fit in registers together.
+//                v2_bwd_kv_2d  2-D (FlashAttention-2's): S^T / dP^T on a WKS x WQS grid (both mma
+//                              operands reused across the warp's tile), z P^T and dS^T through
+//                              shared memory, dK / dV on a WKV x WCV grid (keys x columns); about
+//                              15 % fewer shared-memory bytes per mma at D = 128.
 //              Q / dO / lse2 / dsum tiles are double-buffered (cp.async of block i+1 during block i).
 //              Query blocks the mask's tile classifier proves EMPTY are skipped; FULL tiles inside
-//              both sequences run without mask code. kDoDV / kDoDK split the work in two launches
-//              for head dims whose dK + dV accumulators do not fit in registers together.
+//              both sequences run without mask code.
 //
 // v2_bwd_dq    (deterministic dQ, v2_bwd_dq.cuh) grid (ceil(Nq / BLOCK_M), B * H): forward-like, each warp owns
 //              16 * MT query rows; per key tile S = Q K^T, dP = dO V^T, dS, dQ += dS K with dQ in
@@ -149,6 +157,48 @@ __device__ __forceinline__ void bwd_element(float& s_io, float& dp_io, int b, in
   s_io = pr;
 }
 
+// P^T and dS^T of one transposed tile (keys x queries: MT m16 key tiles from key0, NTQ n8 query
+// tiles from q0; s_lse2 / s_dsum point at query q0's entry), in place: acc_s -> z P^T, acc_dp ->
+// dS^T * scale (kNeedDs). Dropout: one Philox call at (q, k) serves (q, k) and (q + 8, k) of the
+// thread's two n8 query tiles (q0 must be a multiple of 16).
+template <int MT, int NTQ, bool kMasked, bool kNeedDs>
+__device__ __forceinline__ void bwd_tile_elementwise(float (&acc_s)[MT][NTQ][4], float (&acc_dp)[MT][NTQ][4],
+                                                     const float* s_lse2, const float* s_dsum, int key0, int q0,
+                                                     int b, int h, float scale_log2, const AttnParams& p,
+                                                     const AttnBuffers& buf) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int np = 0; np < NTQ / 2; ++np) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int k = key0 + mt * 16 + g + 8 * hf;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ql = np * 16 + 2 * t + e;  // query of n8 tile 2*np; tile 2*np+1 holds ql + 8
+          ac_u32x4 w;
+          if constexpr (Variant::kHasDropout) w = ac_dropout_words(p, b, h, q0 + ql, k);
+#pragma unroll
+          for (int sub = 0; sub < 2; ++sub) {
+            const int nt = 2 * np + sub;
+            const int qq = ql + 8 * sub;
+            bool keep = true;
+            if constexpr (Variant::kHasDropout) {
+              const unsigned int word = sub ? ((g & 1) ? w.w : w.z) : ((g & 1) ? w.y : w.x);
+              keep = word < p.dropout_threshold;
+            }
+            bwd_element<kMasked, kNeedDs>(acc_s[mt][nt][2 * hf + e], acc_dp[mt][nt][2 * hf + e], b, h, q0 + qq, k,
+                                          s_lse2[qq], s_dsum[qq], keep, scale_log2, p, buf);
+          }
+        }
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------ dK / dV
 template <class Cfg>
 struct V2BwdLayout {
@@ -177,10 +227,49 @@ struct V2BwdLayout {
   static constexpr int kRowBytes = BM * 4;
   static constexpr int kStageBytes = kQBytes + kDOBytes + 2 * kRowBytes;
   static constexpr int kSBytes = BN * SS * 2;
-  static constexpr int kSmemBytes = kKBytes + kVBytes + STAGES * kStageBytes + kSBytes;
+  // DS_TILES BN x BM tiles after the stages. 2: 2-D layout, z P^T and dS^T; 1-D layout, dS^T
+  // double-buffered (kDqDefer: the dQ product of step i runs in step i + 1, one barrier per step;
+  // otherwise the second is unused). 1: the split (dV, dK) launches.
+  // DQ_STAGE (2-D layout): each warp stages its RQ x CQ fp32 dQ tile (row stride CQ + 4) and adds
+  // it with 16-byte reds that cover whole CQ*4-byte row segments (fewer, fuller L2 requests).
+  static constexpr bool kDqStage = Cfg::DQ_STAGE != 0;
+  static constexpr bool kDqBulk = Cfg::DQ_STAGE == 2;  // sm_90: cp.reduce.async.bulk per staged row
+  static constexpr int kStageRowF = Cfg::D / Cfg::DQ_WARPS_N + 4;
+  // reserved by the planner's formula in non-split plans with D % 128 == 0: BM * (D + D/8) fp32
+  static constexpr int kDqStageBytes = (Cfg::DS_TILES == 2 && D % 128 == 0) ? BM * (D + D / 8) * 4 : 0;
+  static constexpr int kSmemBytes = kKBytes + kVBytes + STAGES * kStageBytes + Cfg::DS_TILES * kSBytes + kDqStageBytes;
+
+  // 2-D layout (kLayout2d): S^T / dP^T on a WKS x WQS warp grid (MTS m16 key tiles x NTS n8 query
+  // tiles per warp), dK / dV on a WKV x WCV grid (MTV m16 key tiles x NTK / NTV n8 column tiles).
+  static constexpr bool kLayout2d = Cfg::LAYOUT_2D;
+  static constexpr int WKS = kLayout2d ? Cfg::S_WARPS_K : 1;
+  static constexpr int WQS = W / WKS;
+  static constexpr int MTS = BN / (16 * WKS);
+  static constexpr int NTS = BM / (8 * WQS);
+  static constexpr int WKV = kLayout2d ? Cfg::KV_WARPS_K : 1;
+  static constexpr int WCV = W / WKV;
+  static constexpr int MTV = BN / (16 * WKV);
+  static constexpr int NTK = D / (8 * WCV);
+  static constexpr int NTV = DV / (8 * WCV);
+  static constexpr int RED_VEC = Cfg::DQ_RED_VEC;
+  static constexpr bool kDqDefer = Cfg::DQ_DEFER;
+  // 2-D layout with the same key split in both grids: each warp's own S^T tile is the slice
+  // q_s.. of its dK/dV reduction, which it takes from registers before the barrier.
+  static constexpr bool kRegHalf = kLayout2d && Cfg::REG_HALF;
 
   static_assert(BN == 16 * MTK * W, "BLOCK_N = 16 * MTK * NUM_WARPS (each warp owns 16*MTK keys)");
   static_assert(MTK == 1 || MTK == 2, "MTK is 1 or 2");
+  static_assert(!kLayout2d || (WKS * WQS == W && MTS * 16 * WKS == BN && NTS * 8 * WQS == BM && NTS % 2 == 0),
+                "2-D layout: the S^T warp grid must tile BLOCK_N x BLOCK_M in 16 x 16");
+  static_assert(!kLayout2d || (WKV * WCV == W && MTV * 16 * WKV == BN && NTK * 8 * WCV == D && NTK % 2 == 0 &&
+                               NTV * 8 * WCV == DV && NTV % 2 == 0),
+                "2-D layout: the dK/dV warp grid must tile BLOCK_N x D and BLOCK_N x DV in 16 x 16");
+  static_assert(RED_VEC == 2 || RED_VEC == 4, "dQ reds are 8 or 16 bytes");
+  static_assert(!kRegHalf || WKS == WKV, "reg_half needs the same key split for S^T and dK/dV");
+  static_assert(!kDqStage || (kLayout2d && CQ >= 32 && 32 % (CQ / 4) == 0 && (RQ * CQ / 4) % 32 == 0 &&
+                              W * RQ * kStageRowF * 4 <= kDqStageBytes),
+                "staged dQ: 2-D layout, CQ >= 32 columns per warp, CQ/4 lanes per row dividing 32");
+  static_assert(Cfg::DS_TILES == 2 || (Cfg::DS_TILES == 1 && !kLayout2d && !kDqDefer), "2-D / deferred dQ need 2 tiles");
   static_assert(BM % 16 == 0, "BLOCK_M must be a multiple of 16");
   static_assert(D % 16 == 0 && DV % 16 == 0 && D <= 256 && DV <= 256, "head dims: multiples of 16, <= 256");
   static_assert(STAGES == 2, "Q/dO tiles are double-buffered");
@@ -241,39 +330,88 @@ struct V2BwdKvCta {
   __device__ __forceinline__ void elementwise(float (&acc_s)[MTK][NT_Q][4], float (&acc_dp)[MTK][NT_Q][4],
                                               const float* s_lse2, const float* s_dsum, int key0, int q0, int b,
                                               int h, float scale_log2, const AttnParams& p, const AttnBuffers& buf) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2;
-    const int t = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < MTK; ++mt) {
-#pragma unroll
-      for (int np = 0; np < NT_Q / 2; ++np) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int k = key0 + mt * 16 + g + 8 * hf;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ql = np * 16 + 2 * t + e;  // query of n8 tile 2*np; tile 2*np+1 holds ql + 8
-            ac_u32x4 w;
-            if constexpr (Variant::kHasDropout) w = ac_dropout_words(p, b, h, q0 + ql, k);
-#pragma unroll
-            for (int sub = 0; sub < 2; ++sub) {
-              const int nt = 2 * np + sub;
-              const int qq = ql + 8 * sub;
-              bool keep = true;
-              if constexpr (Variant::kHasDropout) {
-                const unsigned int word = sub ? ((g & 1) ? w.w : w.z) : ((g & 1) ? w.y : w.x);
-                keep = word < p.dropout_threshold;
-              }
-              bwd_element<kMasked, kDoDK>(acc_s[mt][nt][2 * hf + e], acc_dp[mt][nt][2 * hf + e], b, h, q0 + qq, k,
-                                          s_lse2[qq], s_dsum[qq], keep, scale_log2, p, buf);
-            }
-          }
-        }
-      }
-    }
+    bwd_tile_elementwise<MTK, NT_Q, kMasked, kDoDK>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, b, h, scale_log2, p, buf);
   }
 };
+
+// dQ_blk (BM x D) = dS (BM x BN) K (BN x D) from the transposed dS tile at s_ds (keys x queries,
+// row stride SS) and the K tile, added into the fp32 accumulator rows q0.. of gdq (row stride D).
+// Warp (wm, wn) of the WQM x WQN grid owns rows wm*RQ.., columns wn*CQ...
+template <class L>
+__device__ __forceinline__ void dq_product_red(unsigned int s_ds, unsigned int s_k, float* gdq, int q0, int nq,
+                                               int warp, unsigned int s_stage = 0) {
+  constexpr int VEC = L::RED_VEC;
+  const int wm = warp / L::WQN;
+  const int wn = warp % L::WQN;
+  float acc_q[L::MTQ][L::NTQ][4];
+  mma_ab<L::MTQ, L::NTQ, L::BN / 16, L::SS, L::KS, true, true, true>(
+      acc_q, s_ds + wm * L::RQ * 2 + ldsm_a_lane_off<true, L::SS>(), s_k + wn * L::CQ * 2 + ldsm_b_lane_off<true, L::KS>());
+  if constexpr (L::kDqStage) {
+    constexpr int RS = L::kStageRowF;        // staged row stride (floats)
+    constexpr int LPR = L::CQ / 4;           // lanes per row (16 bytes each)
+    constexpr int RPI = 32 / LPR;            // rows per red instruction
+    const int lane = threadIdx.x & 31;
+    const unsigned int wbase = s_stage + warp * L::RQ * RS * 4;
+    const unsigned int wr = wbase + ((lane >> 2) * RS + 2 * (lane & 3)) * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (L::kDqBulk) bulk_wait_read_all();  // this lane's bulk reduce of the previous step has read its row
+#endif
+    __syncwarp();  // the previous step's reads of this buffer are done
+#pragma unroll
+    for (int mq = 0; mq < L::MTQ; ++mq)
+#pragma unroll
+      for (int nt = 0; nt < L::NTQ; ++nt) {
+        st_shared_f32x2(wr + (mq * 16 * RS + nt * 8) * 4, acc_q[mq][nt][0], acc_q[mq][nt][1]);
+        st_shared_f32x2(wr + ((mq * 16 + 8) * RS + nt * 8) * 4, acc_q[mq][nt][2], acc_q[mq][nt][3]);
+      }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (L::kDqBulk) {
+      // The staged tile's rows are contiguous CQ*4-byte segments of dQ: one bulk reduce (TMA) per
+      // row, issued by lane r for row r, with no register operands and no LSU queue entries.
+      fence_proxy_async_shared();
+      __syncwarp();
+#pragma unroll
+      for (int r0 = 0; r0 < L::RQ; r0 += 32) {
+        const int r = r0 + lane;
+        const int row = q0 + wm * L::RQ + r;
+        if (r < L::RQ && row < nq) {
+          bulk_reduce_add_f32(gdq + (long long)row * L::D + wn * L::CQ, wbase + r * RS * 4, L::CQ * 4);
+        }
+      }
+      bulk_commit();
+      return;
+    }
+#endif
+    __syncwarp();
+    const int rr = lane / LPR;
+    const int ch = lane % LPR;
+    const unsigned int rd = wbase + (rr * RS + ch * 4) * 4;
+    const int row0 = q0 + wm * L::RQ + rr;
+    float* lp = gdq + (long long)row0 * L::D + wn * L::CQ + ch * 4;
+#pragma unroll
+    for (int i = 0; i < L::RQ / RPI; ++i) {
+      float v[4];
+      ld_shared_f32x4(rd + i * RPI * RS * 4, v);
+      if (q0 + L::BM <= nq || row0 + i * RPI < nq) red_add_f32x4(lp + i * RPI * L::D, v[0], v[1], v[2], v[3]);
+    }
+    return;
+  }
+  const int lrow = q0 + wm * L::RQ + atomic_add_lane_row<VEC>();
+  float* lp = gdq + (long long)lrow * L::D + wn * L::CQ + atomic_add_lane_col<VEC>();
+  if (q0 + L::BM <= nq) {
+#pragma unroll
+    for (int mq = 0; mq < L::MTQ; ++mq)
+#pragma unroll
+      for (int nt = 0; nt < L::NTQ; ++nt)
+        atomic_add_c_tile<VEC, false>(lp + mq * 16 * L::D + nt * 8, L::D, 0, 0, acc_q[mq][nt]);
+  } else {
+#pragma unroll
+    for (int mq = 0; mq < L::MTQ; ++mq)
+#pragma unroll
+      for (int nt = 0; nt < L::NTQ; ++nt)
+        atomic_add_c_tile<VEC, true>(lp + mq * 16 * L::D + nt * 8, L::D, lrow + mq * 16, nq, acc_q[mq][nt]);
+  }
+}
 
 template <class Cfg, bool kDoDV, bool kDoDK, bool kDQAtomic>
 __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf) {
@@ -391,6 +529,8 @@ __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdPara
   const float scale_log2 = p.scale * AC_LOG2E;
 
   unsigned int stage_off = 0;
+  unsigned int ds_buf = 0;       // kDqDefer: byte offset of this step's dS^T buffer
+  int prev_h = 0, prev_q0 = -1;  // kDqDefer: the step whose dQ is pending
   while (it < total) {
     const int it_next = next_it(it + 1);
     cp_async_wait<0>();
@@ -418,46 +558,34 @@ __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdPara
     }
     if constexpr (kDoDV) st.template acc_product<DV / 8, L::VS, false>(st.acc_dv, acc_s, do_btr + stage_off, 0u);
     if constexpr (kDoDK) {
-      st.template acc_product<D / 8, L::KS, kDQAtomic>(st.acc_dk, acc_dp, q_btr + stage_off, sS + kr0 * L::SS * 2);
+      st.template acc_product<D / 8, L::KS, kDQAtomic>(st.acc_dk, acc_dp, q_btr + stage_off,
+                                                        sS + ds_buf + kr0 * L::SS * 2);
     }
     if constexpr (kDQAtomic) {
-      // dQ_blk (BM x D) = dS (BM x BN) K (BN x D); warp (wm, wn) owns rows wm*RQ.., columns wn*CQ..
-      __syncthreads();
-      const int wm = warp / L::WQN;
-      const int wn = warp % L::WQN;
-      float acc_q[L::MTQ][L::NTQ][4];
-      const unsigned int ds_a = sS + (bnk_off * L::SS + bnk_col + wm * L::RQ) * 2;  // A = dS via .trans
-      const unsigned int k_b = sK + (btr_row * L::KS + btr_col + wn * L::CQ) * 2;    // B = K via .trans
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        unsigned int a[L::MTQ][4];
-#pragma unroll
-        for (int mq = 0; mq < L::MTQ; ++mq) ldmatrix_x4_trans(a[mq], ds_a + (kk * 16 * L::SS + mq * 16) * 2);
-#pragma unroll
-        for (int np = 0; np < L::NTQ / 2; ++np) {
-          unsigned int bk[4];
-          ldmatrix_x4_trans(bk, k_b + (kk * 16 * L::KS + np * 16) * 2);
-#pragma unroll
-          for (int mq = 0; mq < L::MTQ; ++mq) {
-            if (kk == 0) {
-              mma_16816_zc<Tr::kIsBf16>(acc_q[mq][2 * np], a[mq], bk[0], bk[1]);
-              mma_16816_zc<Tr::kIsBf16>(acc_q[mq][2 * np + 1], a[mq], bk[2], bk[3]);
-            } else {
-              mma_16816<Tr::kIsBf16>(acc_q[mq][2 * np], a[mq], bk[0], bk[1]);
-              mma_16816<Tr::kIsBf16>(acc_q[mq][2 * np + 1], a[mq], bk[2], bk[3]);
-            }
-          }
+      if constexpr (L::kDqDefer) {
+        // dQ of the previous step (its dS^T is in the other buffer, complete since this step's
+        // first barrier); this step's dS^T is read in the next step, or after the loop.
+        if (prev_q0 >= 0) {
+          dq_product_red<L>(sS + (ds_buf ^ L::kSBytes), sK, bp.dq_accum + (long long)(b * p.H + prev_h) * p.Nq * D,
+                            prev_q0, p.Nq, warp);
         }
+        prev_h = h;
+        prev_q0 = q0;
+      } else {
+        __syncthreads();  // dS^T complete
+        dq_product_red<L>(sS, sK, bp.dq_accum + (long long)(b * p.H + h) * p.Nq * D, q0, p.Nq, warp);
       }
-      float* gdq = bp.dq_accum + (long long)(b * p.H + h) * p.Nq * D;
-#pragma unroll
-      for (int mq = 0; mq < L::MTQ; ++mq)
-#pragma unroll
-        for (int nt = 0; nt < L::NTQ; ++nt)
-          atomic_add_c_tile(gdq, D, q0 + wm * L::RQ + mq * 16, wn * L::CQ + nt * 8, p.Nq, acc_q[mq][nt]);
     }
+    if constexpr (L::kDqDefer) ds_buf ^= L::kSBytes;
     stage_off ^= L::kStageBytes;
     it = it_next;
+  }
+  if constexpr (kDQAtomic && L::kDqDefer) {
+    if (prev_q0 >= 0) {
+      __syncthreads();
+      dq_product_red<L>(sS + (ds_buf ^ L::kSBytes), sK, bp.dq_accum + (long long)(b * p.H + prev_h) * p.Nq * D,
+                        prev_q0, p.Nq, warp);
+    }
   }
 
   // Epilogue: dK and dV rows of this CTA (every row is written, zeros where no query saw the key).
@@ -480,6 +608,258 @@ __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdPara
           for (int nt = 0; nt < DV / 8; ++nt) {
             *reinterpret_cast<unsigned int*>(dst + nt * 8) = Tr::pack2(st.acc_dv[mt][nt][2 * hf], st.acc_dv[mt][nt][2 * hf + 1]);
           }
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ dK / dV, 2-D
+// Phase A of one query step of the 2-D layout for this warp: S^T = K Q^T and dP^T = V dO^T on its
+// MTS x NTS tile, the elementwise step, z P^T and dS^T to shared memory (p_st / s_st: this lane's
+// first element), and (kRegHalf) the warp's own slice of dV += (zP)^T dO, dK += dS^T Q.
+// issue_loads() (the next query block's cp.async) runs between the two products.
+template <class L, bool kMasked, class F>
+__device__ __forceinline__ void v2_bwd_2d_phase_a(float (&acc_dk)[L::MTV][L::NTK][4], float (&acc_dv)[L::MTV][L::NTV][4],
+                                                  unsigned int k_a, unsigned int v_a, unsigned int q_b,
+                                                  unsigned int do_b, unsigned int q_bt, unsigned int do_bt,
+                                                  unsigned int p_st, unsigned int s_st, const float* s_lse2,
+                                                  const float* s_dsum, int key0, int q0w, int q_s, int b, int h,
+                                                  float scale_log2, const AttnParams& p, const AttnBuffers& buf,
+                                                  const F& issue_loads) {
+  using Tr = ac_type_traits<ac_elem_t>;
+  constexpr int MTS = L::MTS, NTS = L::NTS, KS = L::KS, VS = L::VS, SS = L::SS;
+  float acc_s[MTS][NTS][4];
+  float acc_dp[MTS][NTS][4];
+  mma_ab<MTS, NTS, L::D / 16, KS, KS, false, false, true>(acc_s, k_a, q_b);
+  issue_loads();
+  mma_ab<MTS, NTS, L::DV / 16, VS, VS, false, false, true>(acc_dp, v_a, do_b);
+  bwd_tile_elementwise<MTS, NTS, kMasked, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0w, b, h, scale_log2, p, buf);
+  unsigned int xp[MTS][NTS][2], xs[MTS][NTS][2];  // element-type pairs: rows g and g + 8 of each n8 tile
+#pragma unroll
+  for (int mt = 0; mt < MTS; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NTS; ++nt) {
+      xp[mt][nt][0] = Tr::pack2(acc_s[mt][nt][0], acc_s[mt][nt][1]);
+      xp[mt][nt][1] = Tr::pack2(acc_s[mt][nt][2], acc_s[mt][nt][3]);
+      xs[mt][nt][0] = Tr::pack2(acc_dp[mt][nt][0], acc_dp[mt][nt][1]);
+      xs[mt][nt][1] = Tr::pack2(acc_dp[mt][nt][2], acc_dp[mt][nt][3]);
+      const unsigned int o = (mt * 16 * SS + nt * 8) * 2;
+      st_shared_u32(p_st + o, xp[mt][nt][0]);
+      st_shared_u32(p_st + o + 8 * SS * 2, xp[mt][nt][1]);
+      st_shared_u32(s_st + o, xs[mt][nt][0]);
+      st_shared_u32(s_st + o + 8 * SS * 2, xs[mt][nt][1]);
+    }
+  }
+  if constexpr (L::kRegHalf) {
+    // This warp's own queries of the dK/dV reduction, from registers, before the barrier.
+    mma_regs_a<MTS, L::NTV, NTS / 2, VS>(acc_dv, xp, do_bt + q_s * VS * 2);
+    mma_regs_a<MTS, L::NTK, NTS / 2, KS>(acc_dk, xs, q_bt + q_s * KS * 2);
+  }
+}
+
+// The FlashAttention-2 warp layout: per query block, warp (ws, qs) of a WKS x WQS grid computes
+// S^T / dP^T for MTS*16 keys x NTS*8 queries (both operands reused across the warp's tile), the
+// elementwise step, and stores z P^T and dS^T (element type) to shared memory; after one barrier,
+// warp (wk, wc) of a WKV x WCV grid accumulates dV += (zP)^T dO and dK += dS^T Q for MTV*16 keys x
+// D/WCV (DV/WCV) columns, and (atomic mode) the warps compute dQ_blk = dS K as in the 1-D layout.
+// Shared-memory bytes per mma are ~15 % lower than the 1-D layout at D = 128 (docs/backward.md).
+template <class Cfg, bool kDQAtomic>
+__device__ __forceinline__ void v2_bwd_kv_2d(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf) {
+  using L = V2BwdLayout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  constexpr int BM = L::BM, BN = L::BN, D = L::D, DV = L::DV;
+  constexpr int MTS = L::MTS, NTS = L::NTS, MTV = L::MTV, NTK = L::NTK, NTV = L::NTV;
+  constexpr int KS = L::KS, VS = L::VS, SS = L::SS;
+  static_assert(L::kLayout2d, "2-D layout config expected");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned int smem0 = smem_u32(smem_raw);
+  const unsigned int sK = smem0;
+  const unsigned int sV = sK + L::kKBytes;
+  const unsigned int sStage0 = sV + L::kVBytes;  // stage s at sStage0 + s * kStageBytes: Q, dO, lse2, dsum
+  const unsigned int sP = sStage0 + L::STAGES * L::kStageBytes;
+  const unsigned int sS = sP + L::kSBytes;
+
+  const int kv_block = blockIdx.x;
+  const int bhk = blockIdx.y;
+  const int b = bhk / p.H_kv;
+  const int h_kv = bhk % p.H_kv;
+  const int G = p.H / p.H_kv;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  const int kv0 = kv_block * BN;
+  const int kv_rows = min(BN, p.Nk - kv0);
+  const int kv_hi = kv0 + kv_rows - 1;
+  const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h_kv * p.k_sh + (long long)kv0 * p.k_sn;
+  const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh + (long long)kv0 * p.v_sn;
+
+  const int nqb = (p.Nq + BM - 1) / BM;
+  const int rot = kDQAtomic ? kv_block % nqb : 0;  // see v2_bwd_kv
+  // The walk over (query head of the group, query block) without divisions: position j of head
+  // hg is query block j + rot (mod nqb); hg == G is the end.
+  struct Walk {
+    int hg, j;
+  };
+  auto q0_of = [&](const Walk& w) {
+    int qb = w.j + rot;
+    if (qb >= nqb) qb -= nqb;
+    return qb * BM;
+  };
+  auto advance = [&](Walk w) {
+    if (++w.j == nqb) {
+      w.j = 0;
+      ++w.hg;
+    }
+    return w;
+  };
+  auto skip_empty = [&](Walk w) {
+    if constexpr (Variant::kHasMask) {
+      while (w.hg < G) {
+        const int q0 = q0_of(w);
+        if (Variant::tile_class(b, h_kv * G + w.hg, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf) != AC_TILE_EMPTY)
+          break;
+        w = advance(w);
+      }
+    }
+    return w;
+  };
+  const T* gQh = reinterpret_cast<const T*>(p.q) + b * p.q_sb + (long long)h_kv * G * p.q_sh;
+  const T* gDOh = reinterpret_cast<const T*>(bp.dout) + b * bp.do_sb + (long long)h_kv * G * bp.do_sh;
+  const long long row_h = (long long)(b * p.H + h_kv * G) * bp.Nq_pad;
+  auto load_stage = [&](const Walk& w, unsigned int stage_off) {
+    const int q0 = q0_of(w);
+    const unsigned int base = sStage0 + stage_off;
+    if (tid < BM / 2) {  // BM/4 16-byte chunks of lse2, then BM/4 of dsum
+      const int arr = tid / (BM / 4);
+      const int cc = tid % (BM / 4);
+      const float* src = (arr ? bp.dsum : bp.lse2) + row_h + (long long)w.hg * bp.Nq_pad + q0 + cc * 4;
+      cp_async_16(smem_raw + (base - smem0) + L::kQBytes + L::kDOBytes + arr * L::kRowBytes + cc * 16, src, true);
+    }
+    const int rows = p.Nq - q0;
+    load_tile_rows_async<BM, D, KS, L::NTHREADS>(base, gQh + w.hg * p.q_sh + (long long)q0 * p.q_sn, p.q_sn, rows, tid);
+    load_tile_rows_async<BM, DV, VS, L::NTHREADS>(base + L::kQBytes, gDOh + w.hg * bp.do_sh + (long long)q0 * bp.do_sn,
+                                                  bp.do_sn, rows, tid);
+  };
+  static_assert(BM / 2 <= L::NTHREADS, "one thread per lse2 / dsum chunk");
+
+  load_tile_rows_async<BN, D, KS, L::NTHREADS>(sK, gK, p.k_sn, kv_rows, tid);
+  load_tile_rows_async<BN, DV, VS, L::NTHREADS>(sV, gV, p.v_sn, kv_rows, tid);
+  Walk cur = skip_empty(Walk{0, 0});
+  if (cur.hg < G) load_stage(cur, 0);
+  cp_async_commit();
+
+  float acc_dk[MTV][NTK][4];
+  float acc_dv[MTV][NTV][4];
+#pragma unroll
+  for (int mt = 0; mt < MTV; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NTK; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NTV; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dv[mt][nt][e] = 0.f;
+  }
+
+  // Phase A tile of this warp (CTA-local first key / query) and phase B tile (first key / column).
+  const int key_s = (warp % L::WKS) * 16 * MTS;
+  const int q_s = (warp / L::WKS) * 8 * NTS;
+  const int key_v = (warp % L::WKV) * 16 * MTV;
+  const int col_v = warp / L::WKV;  // column block: NTK*8 columns of dK, NTV*8 of dV
+  // Per-lane ldmatrix bases (bytes, shared state space); stage-relative ones get + stage_off.
+  const unsigned int k_a = sK + key_s * KS * 2 + ldsm_a_lane_off<false, KS>();
+  const unsigned int v_a = sV + key_s * VS * 2 + ldsm_a_lane_off<false, VS>();
+  const unsigned int q_b = sStage0 + q_s * KS * 2 + ldsm_b_lane_off<false, KS>();
+  const unsigned int do_b = sStage0 + L::kQBytes + q_s * VS * 2 + ldsm_b_lane_off<false, VS>();
+  const unsigned int p_a = sP + key_v * SS * 2 + ldsm_a_lane_off<false, SS>();
+  const unsigned int ds_a = sS + key_v * SS * 2 + ldsm_a_lane_off<false, SS>();
+  const unsigned int do_bt = sStage0 + L::kQBytes + col_v * NTV * 8 * 2 + ldsm_b_lane_off<true, VS>();
+  const unsigned int q_bt = sStage0 + col_v * NTK * 8 * 2 + ldsm_b_lane_off<true, KS>();
+  const unsigned int st_off = ((key_s + g) * SS + q_s + 2 * t) * 2;  // this lane's (key g, query 2t) in sP / sS
+  const float scale_log2 = p.scale * AC_LOG2E;
+
+  unsigned int stage_off = 0;
+  while (cur.hg < G) {
+    const Walk nxt = skip_empty(advance(cur));
+    cp_async_wait<0>();
+    __syncthreads();  // this stage landed; every read of the other stage, of P^T and of dS^T is done
+    const int h = h_kv * G + cur.hg;
+    const int q0 = q0_of(cur);
+    // Loads of the next query block (into the other stage), issued inside phase A after the S^T
+    // product so that their address arithmetic overlaps the mma chains.
+    auto issue_next = [&]() {
+      if (nxt.hg < G) load_stage(nxt, stage_off ^ L::kStageBytes);
+      cp_async_commit();
+    };
+    int tile = AC_TILE_FULL;
+    if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf);
+    const bool need_mask = (tile != AC_TILE_FULL) || (q0 + BM > p.Nq) || (kv_rows < BN);
+    const float* s_lse2 = reinterpret_cast<const float*>(smem_raw + (sStage0 - smem0) + stage_off + L::kQBytes +
+                                                         L::kDOBytes) + q_s;
+    const float* s_dsum = s_lse2 + BM;
+
+    // Phase A in one basic block per mask mode (products, elementwise, stores, own-slice dK/dV).
+    if (need_mask) {
+      v2_bwd_2d_phase_a<L, true>(acc_dk, acc_dv, k_a, v_a, q_b + stage_off, do_b + stage_off, q_bt + stage_off,
+                                 do_bt + stage_off, sP + st_off, sS + st_off, s_lse2, s_dsum, kv0 + key_s, q0 + q_s,
+                                 q_s, b, h, scale_log2, p, buf, issue_next);
+    } else {
+      v2_bwd_2d_phase_a<L, false>(acc_dk, acc_dv, k_a, v_a, q_b + stage_off, do_b + stage_off, q_bt + stage_off,
+                                  do_bt + stage_off, sP + st_off, sS + st_off, s_lse2, s_dsum, kv0 + key_s, q0 + q_s,
+                                  q_s, b, h, scale_log2, p, buf, issue_next);
+    }
+    __syncthreads();  // z P^T and dS^T complete
+    // dQ first: its reds drain while the dK / dV mma chains run.
+    if constexpr (kDQAtomic) {
+      dq_product_red<L>(sS, sK, bp.dq_accum + (long long)(b * p.H + h) * p.Nq * D, q0, p.Nq, warp,
+                        sS + L::kSBytes);
+    }
+    if constexpr (L::kRegHalf) {
+      // The other warps' queries (same keys) from shared memory.
+#pragma unroll
+      for (int j = 1; j < L::WQS; ++j) {
+        int qj = (warp / L::WKS) + j;
+        if (qj >= L::WQS) qj -= L::WQS;
+        const int qo = qj * NTS * 8;
+        mma_ab<MTV, NTV, NTS / 2, SS, VS, false, true, false>(acc_dv, p_a + qo * 2, do_bt + stage_off + qo * VS * 2);
+        mma_ab<MTV, NTK, NTS / 2, SS, KS, false, true, false>(acc_dk, ds_a + qo * 2, q_bt + stage_off + qo * KS * 2);
+      }
+    } else {
+      mma_ab<MTV, NTV, BM / 16, SS, VS, false, true, false>(acc_dv, p_a, do_bt + stage_off);
+      mma_ab<MTV, NTK, BM / 16, SS, KS, false, true, false>(acc_dk, ds_a, q_bt + stage_off);
+    }
+    stage_off ^= L::kStageBytes;
+    cur = nxt;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (L::kDqBulk) bulk_wait_all();  // the staged rows must be read before the CTA exits
+#endif
+
+  // Epilogue: dK and dV rows of this CTA (every row is written, zeros where no query saw the key).
+#pragma unroll
+  for (int mt = 0; mt < MTV; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int key = kv0 + key_v + mt * 16 + g + 8 * hf;
+      if (key < p.Nk) {
+        T* dk = reinterpret_cast<T*>(bp.dk) + b * bp.dk_sb + h_kv * bp.dk_sh + (long long)key * bp.dk_sn +
+                col_v * NTK * 8 + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < NTK; ++nt) {
+          *reinterpret_cast<unsigned int*>(dk + nt * 8) = Tr::pack2(acc_dk[mt][nt][2 * hf], acc_dk[mt][nt][2 * hf + 1]);
+        }
+        T* dv = reinterpret_cast<T*>(bp.dv) + b * bp.dv_sb + h_kv * bp.dv_sh + (long long)key * bp.dv_sn +
+                col_v * NTV * 8 + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < NTV; ++nt) {
+          *reinterpret_cast<unsigned int*>(dv + nt * 8) = Tr::pack2(acc_dv[mt][nt][2 * hf], acc_dv[mt][nt][2 * hf + 1]);
         }
       }
     }

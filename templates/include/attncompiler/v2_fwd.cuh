@@ -19,9 +19,11 @@
 //   6. wait K_{j+1}, V_{j+1}; barrier (also retires every read of buffer s before it is refilled)
 // Step 4 computes the row statistics and rescales O (skipped, by a warp-uniform branch, when no row
 // of the warp changed its max); step 5 then interleaves, per k16 step of P, the exponentials with
-// the P V mma.sync in one basic block. Tiles that the mask's tile classifier proves EMPTY are
-// skipped; the statistics are instantiated twice: without any mask code (FULL tiles) and with it
-// (PARTIAL tiles and the ragged last tile), so the common path carries no index arithmetic.
+// the P V mma.sync in one basic block. The K/V loop runs over the blocks that meet the mask's K/V
+// range of the CTA's rows (Variant::kv_range: a window visits ~(BLOCK_M + w) / BLOCK_N blocks and
+// never looks at the others); inside it, tiles the tile classifier proves EMPTY are skipped. The
+// statistics are instantiated twice: without any mask code (FULL tiles) and with it (PARTIAL tiles
+// and the ragged last tile), so the common path carries no index arithmetic.
 //
 // Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant; Cfg supplies
 // D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS, STAGES.
@@ -62,12 +64,29 @@ struct V2Layout {
   static_assert(kSmemBytes == kQBytes + STAGES * kStageBytes, "layout");
 };
 
+// The K/V blocks [j_begin, j_end) that can hold a key visible from query rows [q_lo, q_hi]: the
+// blocks meeting Variant::kv_range (derived from the mask, attncompiler/ir/ranges.py; sound, so
+// every block outside is EMPTY). Only called with a mask (without one: all blocks).
 template <class Cfg>
-__device__ __forceinline__ int v2_next_block(int j, int nblocks, int b, int h, int q_lo, int q_hi,
+__device__ __forceinline__ void v2_block_range(int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                               const AttnBuffers& buf, int& j_begin, int& j_end) {
+  constexpr int BN = Cfg::BLOCK_N;
+  int lo, hi;
+  Variant::kv_range(b, h, q_lo, q_hi, p, buf, lo, hi);
+  lo = max(lo, 0);
+  hi = min(hi, p.Nk - 1);
+  j_begin = lo / BN;
+  j_end = (lo > hi) ? 0 : hi / BN + 1;  // lo > hi: no visible key, the rows get O = 0, LSE = -inf
+}
+
+// The first block j' >= j (below j_end) that tile_class does not prove EMPTY (j_end: none). Called
+// on in-range blocks only, where the scan is short (window edges).
+template <class Cfg>
+__device__ __forceinline__ int v2_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi,
                                              const AttnParams& p, const AttnBuffers& buf) {
   constexpr int BN = Cfg::BLOCK_N;
   if constexpr (Variant::kHasMask) {
-    while (j < nblocks) {
+    while (j < j_end) {
       const int kv_lo = j * BN;
       const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
       if (Variant::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
@@ -310,12 +329,16 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh;
   T* gO = reinterpret_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + (long long)q0 * p.o_sn;
 
-  const int nblocks = (p.Nk + BN - 1) / BN;
-  int j = v2_next_block<Cfg>(0, nblocks, b, h, q0, q_hi, p, buf);
+  // The K/V blocks [j, j_end) that can hold a key visible from this CTA's rows.
+  int j = 0, j_end = (p.Nk + BN - 1) / BN;
+  if constexpr (Variant::kHasMask) {
+    v2_block_range<Cfg>(b, h, q0, q_hi, p, buf, j, j_end);
+    j = v2_next_block<Cfg>(j, j_end, b, h, q0, q_hi, p, buf);
+  }
 
   // Prologue: Q and the first K tile (and, with two stages, the first V tile).
   load_tile_rows_async<BM, D, L::QS, L::NTHREADS>(smem0, gQ, p.q_sn, q_rows, tid);
-  if (j < nblocks) {
+  if (j < j_end) {
     load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0, gK + (long long)j * BN * p.k_sn, p.k_sn,
                                                     p.Nk - j * BN, tid);
     if constexpr (L::STAGES == 2) {
@@ -359,11 +382,11 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   }
 
   unsigned int stage_off = 0;  // byte offset of the current K/V stage
-  while (j < nblocks) {
+  while (j < j_end) {
     const int kv0 = j * BN;
     const int kv_rows = min(BN, p.Nk - kv0);
     const int kv_hi = kv0 + kv_rows - 1;
-    const int j_next = v2_next_block<Cfg>(j + 1, nblocks, b, h, q0, q_hi, p, buf);
+    const int j_next = v2_next_block<Cfg>(j + 1, j_end, b, h, q0, q_hi, p, buf);
     int tile = AC_TILE_FULL;
     if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, q_hi, kv0, kv_hi, p, buf);
     const bool need_mask = (tile != AC_TILE_FULL) || (kv_rows < BN);
@@ -383,7 +406,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
       //     retired every read of it). Issued after Q K_j^T, not before: measured faster at
       //     BLOCK_N = 64 (the copies then drain under the softmax instead of competing with the
       //     ldmatrix traffic of Q K^T).
-      if (j_next < nblocks) {
+      if (j_next < j_end) {
         const unsigned int nxt = stage_off ^ L::kStageBytes;
         const int rows = p.Nk - j_next * BN;
         load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0 + nxt, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
@@ -397,7 +420,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
       //     of K_j, so K_{j+1} may overwrite it while the softmax and PV run.
       cp_async_wait<0>();
       __syncthreads();
-      if (j_next < nblocks) {
+      if (j_next < j_end) {
         load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0, gK + (long long)j_next * BN * p.k_sn, p.k_sn,
                                                         p.Nk - j_next * BN, tid);
       }

@@ -1,0 +1,362 @@
+"""Random attention specs and shapes, for fuzzing every schedule against the float64 reference.
+
+A fuzz case is a random :class:`~attncompiler.spec.spec.AttentionSpec` and a random problem shape:
+
+* a **preset** (none, ``causal=True``, sliding window, prefix-LM, document, ALiBi, softcap,
+  relative bias) composed with
+* a **score_mod** from a small grammar: linear and ``abs`` distance terms, ``tanh`` of index
+  distances, softcapping, scaling by constants or a captured 0-dim temperature, ``where`` on index
+  relations, ``min`` / ``max`` against constants, and reads of captured float buffers (per head, per
+  query, per key, a relative-position table with a clamped index) -- nested up to two levels;
+* a **mask_mod** from a grammar of index relations (causal, offsets, windows, prefixes, modulo
+  stripes, chunks, per-head / per-batch terms, ``abs``), reads of a document-id buffer and a bool
+  buffer, combined with ``&``, ``|`` and ``~``; preset masks are And-ed or Or-ed in;
+* random head dims (v2 needs multiples of 16), dtype, ``causal`` flag and sometimes dropout.
+
+Every score_mod is bounded (no ``exp``; additive terms are at most ~16 in magnitude at the largest
+fuzzed length, multiplications by constants at most 1.5 per level), so every output is finite;
+rows that the mask leaves empty give 0 (lse -inf), as documented.  The mods are generated as Python
+source, ``exec``-ed with the captured buffers as globals (so the tracer names them ``fz_*``), and
+the source is kept in :attr:`FuzzSpec.description` for reproduction.
+
+Everything is a pure function of the seed: :func:`random_case` ``(seed)`` returns the same spec
+(same IR, same buffer values) and the same shape on every call and machine.  Buffers are sized for
+:data:`MAX_SEQLEN` positions and :data:`MAX_HEADS` heads; shapes never exceed those (indices past a
+buffer's end would read its edge element, as the kernels clamp).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .spec import ops, presets
+from .spec.spec import AttentionSpec
+
+__all__ = [
+    "FuzzSpec", "random_spec", "random_shape", "random_case", "compile_jobs", "run_case", "MAX_SEQLEN",
+    "MAX_HEADS", "SEQLENS", "GPU_HEAD_DIMS", "CPU_HEAD_DIMS", "PRESET_CHOICES",
+]
+
+MAX_SEQLEN = 320
+MAX_HEADS = 4
+#: Sequence lengths shapes are drawn from: tile edges +-1, primes, 1 and 2.
+SEQLENS: tuple[int, ...] = (1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 191, 200, 255, 257, 300)
+#: (head_dim, head_dim_v) pairs for GPU cases (multiples of 16: what v2 and the backward tile).
+GPU_HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (128, 128), (32, 32), (96, 96), (64, 32), (128, 64),
+                                              (32, 64))
+#: Small pairs for CPU simulation.
+CPU_HEAD_DIMS: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (16, 32), (32, 16))
+PRESET_CHOICES: tuple[str, ...] = ("none", "none", "causal", "sliding_window", "prefix_lm", "document", "alibi",
+                                   "softcap", "relative_bias")
+_TABLE_RADII = (4, 16, 64)
+
+
+@dataclass(frozen=True)
+class FuzzSpec:
+    """A random spec and how it was made (``description``: preset, flags and the mods' source)."""
+
+    seed: int
+    spec: AttentionSpec
+    description: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return self.description
+
+
+# ----------------------------------------------------------------------------------- buffers
+class _Buffers:
+    """The captured tensors a generated mod may read, created on first use from one generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.values: dict[str, torch.Tensor] = {}
+        self.table_radius = 0
+
+    def use(self, name: str, rng: random.Random) -> str:
+        if name in self.values:
+            return name
+        g, n, hmax = self.gen, MAX_SEQLEN, MAX_HEADS
+        if name == "fz_hbias":
+            t = torch.rand(hmax, generator=g) * 2.0 - 1.0
+        elif name in ("fz_qbias", "fz_kvbias"):
+            t = 0.5 * torch.randn(n, generator=g)
+        elif name == "fz_table":
+            self.table_radius = rng.choice(_TABLE_RADII)
+            t = 0.5 * torch.randn(hmax, 2 * self.table_radius + 1, generator=g)
+        elif name == "fz_temp":
+            t = (0.5 + torch.rand((), generator=g)).to(torch.float32)
+        elif name == "fz_doc":  # sorted ids: 1..6 documents of random lengths
+            cuts = torch.rand(n, generator=g) < rng.choice((0.01, 0.02, 0.05))
+            t = torch.cumsum(cuts.to(torch.int32), 0).to(torch.int32)
+        elif name == "fz_keep":
+            t = torch.rand(n, generator=g) < 0.8
+        else:  # pragma: no cover - the grammar names only the buffers above
+            raise KeyError(f"expected a fuzz buffer name, got {name!r}")
+        self.values[name] = t.to(torch.float32) if t.is_floating_point() else t
+        return name
+
+
+# ----------------------------------------------------------------------------------- grammar
+class _Grammar:
+    """Python source of random mask relations and score expressions (``s``: the current score)."""
+
+    def __init__(self, rng: random.Random, bufs: _Buffers) -> None:
+        self.rng, self.bufs = rng, bufs
+
+    def relation(self) -> str:
+        r = self.rng
+        k = r.randrange(14)
+        if k == 0:
+            return "q_idx >= kv_idx"
+        if k == 1:
+            return f"kv_idx <= q_idx + {r.randint(-8, 40)}"
+        if k == 2:
+            return f"q_idx - kv_idx <= {r.choice((0, 3, 17, 64))}"
+        if k == 3:
+            return f"kv_idx < {r.choice((1, 5, 16, 33, 100))}"
+        if k == 4:
+            return f"q_idx >= {r.choice((1, 8, 50))}"
+        if k == 5:
+            m = r.choice((2, 3, 5))
+            return f"kv_idx % {m} != {r.randrange(m)}"
+        if k == 6:
+            c = r.choice((8, 16, 24))
+            return f"q_idx // {c} == kv_idx // {c}"
+        if k == 7:
+            return f"kv_idx <= q_idx + {r.choice((3, 20))} * h"
+        if k == 8:
+            return f"(kv_idx + b) % {r.choice((2, 3))} != 0"
+        if k == 9:
+            d = self.bufs.use("fz_doc", r)
+            return f"{d}[q_idx] == {d}[kv_idx]"
+        if k == 10:
+            return f"{self.bufs.use('fz_keep', r)}[kv_idx]"
+        if k == 11:
+            return f"abs(q_idx - kv_idx) <= {r.choice((2, 9, 40))}"
+        if k == 12:
+            return f"(q_idx - kv_idx) % {r.choice((2, 4))} == 0"
+        return f"q_idx + {r.choice((0, 5))} >= 2 * kv_idx"
+
+    def mask(self, depth: int) -> str:
+        r = self.rng
+        if depth == 0 or r.random() < 0.4:
+            return self.relation()
+        op = r.choice(("&", "&", "|", "~"))
+        if op == "~":
+            return f"~({self.mask(depth - 1)})"
+        return f"({self.mask(depth - 1)}) {op} ({self.mask(depth - 1)})"
+
+    def score(self, depth: int, inner: str = "s") -> str:
+        r = self.rng
+        if depth == 0:
+            return inner
+        x = self.score(depth - 1, inner) if r.random() < 0.6 else inner
+        k = r.randrange(16)
+        if k == 0:
+            return f"{x} + {r.choice((0.01, 0.03, 0.05))} * (kv_idx - q_idx)"
+        if k == 1:
+            return f"{x} - {r.choice((0.02, 0.05))} * abs(q_idx - kv_idx)"
+        if k == 2:
+            return f"{x} + {r.choice((0.5, 1.0, 2.0))} * torch.tanh((q_idx - kv_idx) / {r.choice((4, 16, 64))})"
+        if k == 3:
+            c = r.choice((5.0, 10.0, 20.0, 30.0))
+            return f"{c} * torch.tanh(({x}) / {c})"
+        if k == 4:
+            return f"({x}) * {r.choice((0.5, 0.75, 1.25, 1.5))}"
+        if k == 5:
+            return f"ops.where({self.relation()}, {x} + {r.choice((-2.0, -1.0, 1.0, 2.0))}, {x})"
+        if k == 6:
+            return f"ops.where({self.relation()}, ({x}) * {r.choice((0.5, 1.5))}, {x})"
+        if k == 7:
+            return f"{x} + {self.bufs.use('fz_hbias', r)}[h]"
+        if k == 8:
+            return f"{x} + {self.bufs.use('fz_kvbias', r)}[kv_idx]"
+        if k == 9:
+            return f"{x} + {self.bufs.use('fz_qbias', r)}[q_idx]"
+        if k == 10:
+            t = self.bufs.use("fz_table", r)
+            rad = self.bufs.table_radius
+            return f"{x} + {t}[h, ops.clamp(kv_idx - q_idx + {rad}, 0, {2 * rad})]"
+        if k == 11:
+            return f"ops.max({x}, {r.choice((-4.0, -2.0))})"
+        if k == 12:
+            return f"ops.min({x}, {r.choice((2.0, 3.0, 5.0))})"
+        if k == 13:
+            return f"({x}) * {self.bufs.use('fz_temp', r)}"
+        if k == 14:
+            return f"{x} + {r.choice((0.25, 0.5))} * ((q_idx + kv_idx) % {r.choice((3, 5))})"
+        return f"{x} + {r.choice((0.25, 0.5))} * (h + 1) - {r.choice((0.5, 1.0))} * b"
+
+
+def _make_fn(src: str, name: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    glb: dict[str, Any] = {"torch": torch, "ops": ops, "__builtins__": __builtins__, **namespace}
+    exec(compile(src, f"<fuzz {name}>", "exec"), glb)  # noqa: S102 - source generated above
+    fn = glb[name]
+    fn.__fuzz_source__ = src
+    return fn
+
+
+@dataclass(frozen=True)
+class _Preset:
+    """A preset's modifier (score or mask, or neither) and its own constructor ``build(head_dim, **kw)``."""
+
+    text: str
+    score_mod: Any = None
+    mask_mod: Any = None
+    build: Callable[..., AttentionSpec] | None = None
+
+
+def _preset(name: str, rng: random.Random, gen: torch.Generator) -> _Preset:
+    if name == "sliding_window":
+        w = rng.choice((8, 33, 100))
+        return _Preset(f"sliding_window({w})", mask_mod=presets.sliding_window_mask(w),
+                       build=lambda d, **kw: presets.sliding_window(w, d, **kw))
+    if name == "prefix_lm":
+        n = rng.choice((4, 40))
+        return _Preset(f"prefix_lm({n})", mask_mod=presets.prefix_lm_mask(n),
+                       build=lambda d, **kw: presets.prefix_lm(n, d, **kw))
+    if name == "document":
+        docs = (torch.arange(MAX_SEQLEN) // rng.choice((16, 50, 128))).to(torch.int32)
+        return _Preset("document(doc_ids)", mask_mod=presets.document_mask(docs),
+                       build=lambda d, **kw: presets.document(docs, d, **kw))
+    if name == "alibi":
+        slopes = presets.alibi_slopes(MAX_HEADS)
+        return _Preset(f"alibi(alibi_slopes({MAX_HEADS}))", score_mod=presets.alibi_score_mod(slopes),
+                       build=lambda d, **kw: presets.alibi(slopes, d, **kw))
+    if name == "softcap":
+        c = rng.choice((10.0, 20.0, 30.0))
+        return _Preset(f"softcap({c})", score_mod=presets.softcap_score_mod(c),
+                       build=lambda d, **kw: presets.softcap(c, d, **kw))
+    if name == "relative_bias":
+        rad = rng.choice(_TABLE_RADII)
+        table = 0.5 * torch.randn(MAX_HEADS, 2 * rad + 1, generator=gen)
+        return _Preset(f"relative_bias(table {MAX_HEADS}x{2 * rad + 1})",
+                       score_mod=presets.relative_bias_score_mod(table),
+                       build=lambda d, **kw: presets.relative_bias(table, d, **kw))
+    if name == "causal":
+        return _Preset("causal", build=lambda d, **kw: presets.causal(d, **kw))
+    return _Preset("none")
+
+
+def random_spec(seed: int, *, head_dims: tuple[tuple[int, int], ...] = GPU_HEAD_DIMS,
+                dropout: bool = True) -> FuzzSpec:
+    """A random spec for ``seed`` (see the module docstring); ``head_dims`` are the (D, DV) pairs to
+    draw from, ``dropout`` allows dropout (p 0.1 or 0.25, one spec in ten)."""
+    _check_seed(seed)
+    rng = random.Random(f"attncompiler-fuzz-spec:{seed}")
+    bufs = _Buffers(seed)
+    gram = _Grammar(rng, bufs)
+    pre = _preset(rng.choice(PRESET_CHOICES), rng, bufs.gen)
+    d, dv = rng.choice(head_dims)
+    dtype = rng.choice(("bf16", "fp16"))
+    causal = pre.text == "causal" or rng.random() < 0.15
+    p_drop = rng.choice((0.1, 0.25)) if dropout and rng.random() < 0.1 else 0.0
+
+    score_src = mask_src = ""
+    if rng.random() < 0.75:
+        head = "s = base(score, b, h, q_idx, kv_idx)" if pre.score_mod is not None else "s = score"
+        score_src = (f"def score_mod(score, b, h, q_idx, kv_idx):\n    {head}\n"
+                     f"    return {gram.score(rng.choice((1, 1, 2)))}\n")
+    if rng.random() < 0.6:
+        expr = gram.mask(rng.choice((0, 1, 2)))
+        if pre.mask_mod is not None:
+            expr = f"({expr}) {rng.choice(('&', '|'))} base_mask(b, h, q_idx, kv_idx)"
+        mask_src = f"def mask_mod(b, h, q_idx, kv_idx):\n    return {expr}\n"
+    ns = {**bufs.values, "base": pre.score_mod, "base_mask": pre.mask_mod}
+    score_mod = _make_fn(score_src, "score_mod", ns) if score_src else pre.score_mod
+    mask_mod = _make_fn(mask_src, "mask_mod", ns) if mask_src else pre.mask_mod
+
+    kw: dict[str, Any] = dict(head_dim_v=dv, dtype=dtype, dropout_p=p_drop, name=f"fuzz{seed}")
+    if pre.text != "causal":
+        kw["causal"] = causal
+    # The preset's own constructor when the generated mods do not replace its field (they compose
+    # with it through ``base`` / ``base_mask`` otherwise): exercises presets + extra modifiers.
+    if pre.build is not None and pre.score_mod is not None and not score_src:
+        spec = pre.build(d, mask_mod=mask_mod, **kw)
+    elif pre.build is not None and pre.mask_mod is not None and not mask_src:
+        spec = pre.build(d, score_mod=score_mod, **kw)
+    elif pre.text == "causal":
+        spec = pre.build(d, score_mod=score_mod, mask_mod=mask_mod, **kw)  # type: ignore[misc]
+    else:
+        spec = AttentionSpec(d, score_mod=score_mod, mask_mod=mask_mod, **kw)
+    desc = (f"fuzz seed {seed}: preset {pre.text}, causal={spec.causal}, dropout_p={p_drop}, D={d}, DV={dv}, "
+            f"{dtype}\n{score_src or f'score_mod: {pre.text if pre.score_mod else None}'}\n"
+            f"{mask_src or f'mask_mod: {pre.text if pre.mask_mod else None}'}")
+    return FuzzSpec(seed, spec, desc)
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
+
+
+def random_shape(seed: int, *, max_seqlen: int = MAX_SEQLEN, max_heads: int = MAX_HEADS,
+                 layouts: tuple[str, ...] = ("bhnd", "bhnd", "bnhd")) -> dict[str, Any]:
+    """A random problem shape: B, H, H_kv (divides H), Nq, Nk (often different), layout."""
+    _check_seed(seed)
+    rng = random.Random(f"attncompiler-fuzz-shape:{seed}")
+    lens = [n for n in SEQLENS if n <= max_seqlen] or [1]
+    h = rng.randint(1, max_heads)
+    h_kv = rng.choice([x for x in range(1, h + 1) if h % x == 0])
+    nq = rng.choice(lens)
+    nk = nq if rng.random() < 0.4 else rng.choice(lens)
+    return {"B": rng.choice((1, 2)), "H": h, "H_kv": h_kv, "Nq": nq, "Nk": nk, "layout": rng.choice(layouts)}
+
+
+def random_case(seed: int, *, small: bool = False) -> tuple[AttentionSpec, dict[str, Any]]:
+    """``(spec, shape)`` for ``seed``: :func:`random_spec` and :func:`random_shape` of the same seed.
+
+    ``small``: CPU-sized (head dims 16/32, seqlens <= 100).  The shape dict has B, H, H_kv, Nq, Nk,
+    layout and the spec's D and DV."""
+    fs = random_spec(seed, head_dims=CPU_HEAD_DIMS if small else GPU_HEAD_DIMS)
+    shape = random_shape(seed, max_seqlen=100 if small else MAX_SEQLEN)
+    shape.update(D=fs.spec.head_dim, DV=fs.spec.head_dim_v)
+    return fs.spec, shape
+
+
+# ----------------------------------------------------------------------------------- GPU runs
+def compile_jobs(specs: Any, target: Any, *, schedules: tuple[str, ...] = ("v2",),
+                 backward: bool = False) -> list[tuple[str, str]]:
+    """``(source, nvrtc arch)`` of every kernel ``compile(spec, schedule)`` (and, with ``backward``,
+    the default backward) renders for ``specs`` on ``target`` -- deduplicated, for
+    :func:`attncompiler.runtime.compiler.precompile_to_disk` (parallel NVRTC before the runs)."""
+    from .codegen.schedule import get_schedule
+    from .ir.build import build_ir
+    from .runtime.backward import bwd_source
+
+    jobs: dict[tuple[str, str], None] = {}
+    for spec in specs:
+        ir = build_ir(spec)
+        for name in schedules:
+            sched = get_schedule(name)
+            jobs[(sched.render(ir, sched.make_plan(ir, target), target).source, target.nvrtc_arch)] = None
+        if backward:
+            jobs[(bwd_source(ir, target).source, target.nvrtc_arch)] = None
+    return list(jobs)
+
+
+def run_case(fs: FuzzSpec, shape: dict[str, Any], *, schedule: str = "v2", backward: bool = False,
+             seed: int = 0) -> tuple[bool, str]:
+    """Run one case on the GPU: ``compile(fs.spec, schedule)`` checked against the float64 reference
+    by :func:`attncompiler.testing.check_kernel` (and, with ``backward``, its dq, dk, dv by
+    :func:`~attncompiler.testing.check_kernel_grads`).  Inputs come from ``torch.manual_seed(seed)``.
+    Returns ``(ok, message)``; the message carries the case's description when it fails."""
+    from .api import compile as ac_compile
+    from .testing import check_kernel, check_kernel_grads
+
+    kern = ac_compile(fs.spec, schedule)
+    dims = (shape["B"], shape["H"], shape["Nq"], shape["Nk"])
+    torch.manual_seed(seed)
+    res: Any = check_kernel(kern, *dims, H_kv=shape["H_kv"], layout=shape["layout"], seed=seed)
+    msgs = [f"{schedule} forward: {res}"]
+    ok = res.ok
+    if backward:
+        torch.manual_seed(seed + 1)
+        g = check_kernel_grads(kern, *dims, H_kv=shape["H_kv"], layout=shape["layout"], seed=seed)
+        msgs.append(f"backward: {g}")
+        ok = ok and g.ok
+    text = "; ".join(msgs)
+    return ok, text if ok else f"{text}\nshape {shape}\n{fs.description}"

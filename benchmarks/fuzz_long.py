@@ -1,0 +1,80 @@
+"""The long GPU fuzz run: N random spec x shape cases through the real kernels (one spec per seed).
+
+    PYTHONPATH=. python3 benchmarks/fuzz_long.py N [--start S] [--v1-every K] [--bwd-every K]
+                                                   [--chunk C] [--workers W]
+
+Seed s runs ``attncompiler.fuzz.random_spec(s)`` on ``random_shape(s)`` through v2 (every seed),
+v1 (every K-th seed) and the backward (every K-th seed) -- the checks of tests/test_gpu_fuzz.py
+(``attncompiler.fuzz.run_case``), on seeds that test file does not use (default start 100000).
+Kernels are compiled by NVRTC in parallel C seeds at a time before they run.  Prints one line per
+failure with the case's description, writes every result as JSON lines to $OUT/fuzz_long.jsonl
+(or /tmp), and exits 1 if any case failed (2 for a crash of the harness).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from attncompiler import fuzz
+    from attncompiler.plan.targets import detect_target
+    from attncompiler.runtime.compiler import precompile_to_disk
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("n", type=int, help="number of seeds")
+    ap.add_argument("--start", type=int, default=100_000, help="first seed (default 100000)")
+    ap.add_argument("--v1-every", type=int, default=5, help="also run v1 on every K-th seed (0: never)")
+    ap.add_argument("--bwd-every", type=int, default=3, help="also run the backward on every K-th seed (0: never)")
+    ap.add_argument("--chunk", type=int, default=64, help="seeds compiled in parallel before running")
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="NVRTC processes")
+    args = ap.parse_args(argv)
+    if args.n < 1 or args.start < 0 or args.chunk < 1:
+        ap.error(f"expected n >= 1, --start >= 0, --chunk >= 1, got {args.n}, {args.start}, {args.chunk}")
+    if not torch.cuda.is_available():
+        print("fuzz_long: expected a CUDA GPU, got none", file=sys.stderr)
+        return 2
+    tgt = detect_target()
+    out_path = os.path.join(os.environ.get("OUT", "/tmp"), "fuzz_long.jsonl")
+    print(f"# {torch.cuda.get_device_name()} ({tgt.name}), seeds {args.start}..{args.start + args.n - 1}, "
+          f"results -> {out_path}", flush=True)
+    t0 = time.perf_counter()
+    n_cases = n_fail = 0
+    with open(out_path, "a") as fout:
+        for c0 in range(args.start, args.start + args.n, args.chunk):
+            seeds = range(c0, min(c0 + args.chunk, args.start + args.n))
+            specs = {s: fuzz.random_spec(s) for s in seeds}
+            v1 = [s for s in seeds if args.v1_every and s % args.v1_every == 0]
+            bwd = [s for s in seeds if args.bwd_every and s % args.bwd_every == 0]
+            jobs = fuzz.compile_jobs([specs[s].spec for s in seeds], tgt)
+            jobs += fuzz.compile_jobs([specs[s].spec for s in v1], tgt, schedules=("v1",))
+            jobs += fuzz.compile_jobs([specs[s].spec for s in bwd], tgt, schedules=(), backward=True)
+            precompile_to_disk(jobs, workers=args.workers)
+            for s in seeds:
+                shape = fuzz.random_shape(s)
+                runs = [("v2", s in bwd)] + ([("v1", False)] if s in v1 else [])
+                for schedule, backward in runs:
+                    n_cases += 1
+                    try:
+                        ok, msg = fuzz.run_case(specs[s], shape, schedule=schedule, backward=backward, seed=s)
+                    except Exception as e:  # a compile error or crash is a failure of this case
+                        ok, msg = False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}\n{specs[s]}"
+                    n_fail += not ok
+                    fout.write(json.dumps({"seed": s, "schedule": schedule, "backward": backward, "shape": shape,
+                                           "ok": ok, "message": msg}) + "\n")
+                    if not ok:
+                        print(f"FAIL seed {s} {schedule}{' +bwd' if backward else ''}: {msg}\n", flush=True)
+            print(f"  seeds < {seeds[-1] + 1}: {n_cases} cases, {n_fail} failed, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{n_cases} cases, {n_fail} failed ({time.perf_counter() - t0:.0f} s)")
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
