@@ -397,3 +397,12 @@ def test_input_validation():
         reference_attention(q, k, v, make_ir(), dropout_p=1.0)
     with pytest.raises(TypeError, match="expected an AttentionIR"):
         reference_attention(q, k, v, None)  # type: ignore[arg-type]
+
+
+def test_error_ratio_check_all_zero_reference_uses_the_absolute_bound():
+    ref = torch.zeros(4, 4, dtype=torch.float64)
+    eager = torch.zeros(4, 4, dtype=torch.float64)
+    ok, msg = error_ratio_check(ref + 3e-7, ref, eager)
+    assert ok, msg
+    ok, msg = error_ratio_check(ref + 1e-2, ref, eager)
+    assert not ok, msg
