@@ -254,8 +254,10 @@ def _mag(e: sympy.Basic) -> float:
         return 1
     if isinstance(e, sympy.Symbol):
         return INDEX_LIMIT if e in _INPUTS else math.inf
-    if e.is_Add or isinstance(e, Relational):
+    if e.is_Add:
         return float(sum(_mag(a) for a in e.args))
+    if isinstance(e, Relational):  # int sides (_exact_int) print as `a OP b`: no difference is formed
+        return max(_mag(a) for a in e.args)
     if e.is_Mul:
         return math.prod(_mag(a) for a in e.args)
     if e.is_Pow and e.exp.is_Integer and e.exp > 0:
