@@ -9,7 +9,7 @@ Per query chunk, in ``dtype`` (float32 by default):
     s   = scale * q k^T                 x = score_expr(s)  (masked -> P = 0)
     P   = exp(x - lse)                  (the forward's lse; a row with lse = -inf has P = 0)
     z   = keep / (1 - p)                (Philox keep bits, attncompiler.philox)
-    dP  = dO v^T                        D = rowsum(dO * O) - dlse
+    dP  = dO v^T                        D = rowsum(dO * (z P) v) - dlse   (O recomputed in dtype)
     dx  = P * (z dP - D)                (dL/dx)
     dS  = dx * dx/ds                    dq = scale dS k,  dk += scale dS^T q,  dv += (z P)^T dO
     dbuf[idx] += dx * dx/dbuf[idx]      for each read of a learnable float buffer
@@ -61,23 +61,23 @@ def torch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         t = buffers[info.name]
         bufs[info.name] = t.detach().to(device=dev, dtype=dtype if info.kind == "float" else torch.int64)
     qf, kf, vf = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
-    of, dof = out.detach().to(dtype), dout.detach().to(dtype)
+    dof = dout.detach().to(dtype)
     kt = kf.transpose(-1, -2).unsqueeze(2)  # (B, Hkv, 1, D, Nk)
     vt = vf.transpose(-1, -2).unsqueeze(2)
     dq = torch.zeros(B, H, Nq, D, dtype=dtype, device=dev)
     dk = torch.zeros(B, Hkv, Nk, D, dtype=dtype, device=dev)
     dv = torch.zeros(B, Hkv, Nk, DV, dtype=dtype, device=dev)
-    gbuf = {n: torch.zeros_like(bufs[n]) for n in buffer_grads}
+    # Buffer gradients sum B*H*Nq*Nk terms of both signs into a few entries (an ALiBi slope per
+    # head): they accumulate in float64 so the reduction adds no error of its own.
+    gbuf = {n: torch.zeros_like(bufs[n], dtype=torch.float64) for n in buffer_grads}
     if Nq == 0 or Nk == 0 or B * H == 0:
-        return dq, dk, dv, gbuf
+        return dq, dk, dv, {n: g.to(dtype) for n, g in gbuf.items()}
     if q_chunk is None:
         q_chunk = max(16, _CHUNK_ELEMS // max(1, B * H * Nk) // 16 * 16)
     b_idx = torch.arange(B, device=dev).view(B, 1, 1, 1)
     h_idx = torch.arange(H, device=dev).view(1, H, 1, 1)
     kv_idx = torch.arange(Nk, device=dev).view(1, 1, 1, Nk)
-    dsum_all = (dof * of).sum(-1)
-    if dlse is not None:
-        dsum_all = dsum_all - dlse.to(dtype)
+    dlse_f = dlse.to(dtype) if dlse is not None else None
     for r0 in range(0, Nq, q_chunk):
         r1 = min(Nq, r0 + q_chunk)
         n = r1 - r0
@@ -104,7 +104,15 @@ def torch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
             z = keep.to(dtype) / (1.0 - dropout_p)
         doc = dof[:, :, r0:r1]
         dp = torch.matmul(doc.reshape(B, Hkv, G, n, DV), vt).reshape(shape)
-        dx = p * (z * dp - dsum_all[:, :, r0:r1].unsqueeze(-1))
+        pz = (p * z).reshape(B, Hkv, G, n, Nk)
+        # D = rowsum(dO * O) with O recomputed from P in `dtype` (= rowsum(P z dP)): the stored O is
+        # rounded to the element type, and that rounding, summed coherently over rows, dominates the
+        # error of reductions such as a learnable slope's gradient.
+        o_rec = torch.matmul(pz, vf.unsqueeze(2)).reshape(B, H, n, DV)
+        dsum = (doc * o_rec).sum(-1)
+        if dlse_f is not None:
+            dsum = dsum - dlse_f[:, :, r0:r1]
+        dx = p * (z * dp - dsum.unsqueeze(-1))
         dx = torch.where(visible, dx, 0.0)
         if grad_expr != 1:
             g = _bcast(evaluate(grad_expr, env, bufs, float_dtype=dtype), shape, dtype, dev)
@@ -114,18 +122,17 @@ def torch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         ds5 = (ds * scale).reshape(B, Hkv, G, n, Nk)
         dq[:, :, r0:r1] = torch.matmul(ds5, kf.unsqueeze(2)).reshape(B, H, n, D)
         dk += torch.matmul(ds5.transpose(-1, -2), qc).sum(2)
-        pz = (p * z).reshape(B, Hkv, G, n, Nk)
         dv += torch.matmul(pz.transpose(-1, -2), doc.reshape(B, Hkv, G, n, DV)).sum(2)
         for name, ts in terms.items():
             flat = gbuf[name].view(-1)
             dims = bufs[name].shape
             for term in ts:
-                val = torch.where(visible, dx * _bcast(evaluate(term.expr, env, bufs, float_dtype=dtype), shape,
-                                                          dtype, dev), 0.0)
+                val = torch.where(visible, dx.double() * _bcast(evaluate(term.expr, env, bufs, float_dtype=dtype),
+                                                                   shape, torch.float64, dev), 0.0)
                 lin = torch.zeros(shape, dtype=torch.int64, device=dev)
                 for d_i, idx_e in enumerate(term.indices):
                     iv = evaluate(idx_e, env, bufs, float_dtype=dtype)
                     it = _bcast(iv, shape, torch.int64, dev).clamp(0, dims[d_i] - 1)
                     lin = lin * dims[d_i] + it
                 flat.index_add_(0, lin.reshape(-1), val.reshape(-1))
-    return dq, dk, dv, gbuf
+    return dq, dk, dv, {n: g.to(dtype) for n, g in gbuf.items()}

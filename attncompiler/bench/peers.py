@@ -103,6 +103,12 @@ class Flex:
         from torch.nn.attention.flex_attention import flex_attention
 
         raise_recompile_limits()
+        # The timing loop replays one backward graph (retain_graph=True); AOTAutograd's donated
+        # buffers forbid that ("compiled with non-empty donated buffers ..."), so they are off for
+        # the benchmark process.  It costs FlexAttention's backward nothing measurable.
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
         self.dynamic = dynamic
         self.device = device
         self._flex = flex_attention

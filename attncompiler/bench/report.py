@@ -156,8 +156,8 @@ def _secs(r: dict[str, Any], k: str) -> str:
 
 
 def _latency_table(rows: list[dict[str, Any]]) -> list[str]:
-    head = ["impl", "import", "compile (cold)", "first call (cold)", "first fwd+bwd (cold)", "warm call",
-            "warm fwd+bwd", "whole process"]
+    head = ["impl", "import", "runtime init", "compile (cold)", "first call (cold)", "next variant",
+            "first fwd+bwd (cold)", "warm call", "warm fwd+bwd", "whole process"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("status") != "ok":
@@ -165,7 +165,8 @@ def _latency_table(rows: list[dict[str, Any]]) -> list[str]:
                        f"{r.get('error', '')[:120]} |" + " |" * (len(head) - 2))
             continue
         out.append("| " + " | ".join([IMPL_LABELS.get(r["impl"], r["impl"]), _secs(r, "import_s"),
-                                      _secs(r, "compile_s"), _secs(r, "first_call_s"), _secs(r, "first_bwd_s"),
+                                      _secs(r, "runtime_init_s"), _secs(r, "compile_s"), _secs(r, "first_call_s"),
+                                      _secs(r, "next_variant_s"), _secs(r, "first_bwd_s"),
                                       _secs(r, "warm_s"), _secs(r, "warm_bwd_s"), _secs(r, "process_s")]) + " |")
     return out
 
@@ -501,7 +502,8 @@ def _memory_figure(data: dict[str, Any], rows: list[dict[str, Any]], path: Path)
 
 
 def _latency_figure(data: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> Path:
-    bars = (("first_call_s", "first forward call, cold (compile + run)", "#d62728"),
+    bars = (("first_call_s", "first forward call, cold (runtime init + compile + run)", "#d62728"),
+            ("next_variant_s", "next new variant in that process (compile + run)", "#ff7f0e"),
             ("first_bwd_s", "first forward+backward after it (backward compile)", "#ff9896"),
             ("warm_s", "warm forward call (same process)", "#1f77b4"))
     fig = _new_figure(8.5, 1.1 * len(rows) + 2.2)
