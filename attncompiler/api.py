@@ -47,6 +47,10 @@ class CompiledAttention:
     #: plan options of the backward (block_m, num_warps, mtk, split_dkv); None: the planner's choice
     backward_options: dict[str, Any] | None = field(default=None, repr=False)
     _op_id: int = field(default=0, repr=False)
+    #: compiled with schedule="auto": calls with Nq <= 16 against a long K/V run the decode schedule
+    #: (plan/decode.py decode_applies), compiled on first use
+    auto_decode: bool = field(default=False, repr=False)
+    _decode: "CompiledAttention | None" = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _autograd.register_kernel(self)  # the custom op refers to this kernel by id
@@ -99,6 +103,10 @@ class CompiledAttention:
         buffers: Mapping[str, torch.Tensor] | None = None,
         out: torch.Tensor | None = None,
         deterministic: bool | None = None,
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_k: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_k: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the kernel.  ``out`` (B, H, Nq, DV), if given, is written in place (any strides with a
         contiguous, 16-byte aligned head dim); ``buffers`` override the spec's captured tensors.
@@ -111,12 +119,23 @@ class CompiledAttention:
         ``out=`` is for the forward-only path (no autograd, no torch.compile).
 
         Arguments are validated before anything touches CUDA (:class:`InputError`, saying what was
-        expected and what was got); docs/shapes.md lists the accepted layouts and edge cases."""
+        expected and what was got); docs/shapes.md lists the accepted layouts and edge cases.
+
+        Packed sequences (varlen): with ``cu_seqlens_q`` / ``cu_seqlens_k`` (int32, length B+1),
+        q is (total_q, H, D), k / v (total_k, H_kv, D / DV), out (total_q, H, DV), lse (H, total_q);
+        ``max_seqlen_*`` default to the longest sequence (see :mod:`attncompiler.varlen`)."""
         self._check_call_args(scale=scale, dropout_p=dropout_p, seed=seed, offset=offset, buffers=buffers,
                               out=out, deterministic=deterministic)
         values = dict(self._buffers)
         if buffers:
             values.update(buffers)
+        if not (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None):
+            from .varlen import call_varlen
+
+            return call_varlen(self, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=return_lse,
+                               scale=scale, dropout_p=dropout_p, seed=seed, offset=offset, buffers=values, out=out,
+                               deterministic=deterministic)
         needs_grad = False
         if torch.is_grad_enabled():
             for t in (q, k, v, *values.values()):
@@ -207,6 +226,14 @@ class CompiledAttention:
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward launch (no autograd): validates, allocates and runs the kernel."""
         dims = check_inputs(q, k, v, self.ir)
+        if self.auto_decode and self.schedule != "decode":
+            dec = self._decode_kernel(dims)
+            if dec is not None:  # split-KV decode (same semantics and lse; autograd runs the v2 backward)
+                res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
+                                          seed=seed, offset=offset, buffers=buffers, out=out)
+                if hasattr(dec, "last_seed"):
+                    self.last_seed, self.last_offset = dec.last_seed, dec.last_offset
+                return res
         p_drop = self.ir.dropout_p if dropout_p is None else float(dropout_p)
         self._check_dropout(p_drop)
         sc = self.ir.scale if scale is None else float(scale)
@@ -242,10 +269,27 @@ class CompiledAttention:
         P, Bf = pack_params(q, k, v, o, lse, ws, dims, scale=sc, dropout_p=p_drop, seed=seed, offset=offset,
                             ir=self.ir, buffers=bufs)
         with torch.cuda.device(q.device):
-            launch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
-                   self.kernel_source.smem_bytes, P, Bf, q.device)
+            if hasattr(sched, "launch_forward"):  # several kernels (decode: split, then combine)
+                sched.launch_forward(self.kernel_source, dims, P, Bf, q.device)
+            else:
+                launch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
+                       self.kernel_source.smem_bytes, P, Bf, q.device)
         self.last_seed, self.last_offset = seed, offset
         return (o, lse) if return_lse else o
+
+    def _decode_kernel(self, dims: Any) -> "CompiledAttention | None":
+        """The decode-schedule kernel of this spec when ``schedule="auto"`` picks decode for ``dims``."""
+        from .plan.decode import decode_applies
+
+        if not decode_applies(self.ir, dims.Nq, dims.Nk)[0]:
+            return None
+        with self._lock:
+            dec = self._decode
+        if dec is None:
+            dec = compile(self.spec, "decode", target=self.target, build=False)
+            with self._lock:
+                self._decode = dec = self._decode or dec
+        return dec
 
     def backward_source(self, deterministic: bool = False) -> str:
         """The CUDA of the backward kernels (always the v2 backward, whatever the forward schedule)."""
@@ -291,7 +335,11 @@ def compile(
     seqlen_hint: int | None = None,
     **plan_options: Any,
 ) -> CompiledAttention:
-    """Compile ``spec`` with ``schedule`` ("auto", "v1" or "v2") for ``target`` (default: this GPU).
+    """Compile ``spec`` with ``schedule`` ("auto", "v1", "v2" or "decode") for ``target`` (default: this GPU).
+
+    ``schedule="auto"`` compiles the prefill schedule and, per call, runs the split-KV "decode"
+    schedule instead when Nq <= 16 and Nk >= 512 (:func:`attncompiler.plan.decode.decode_applies`;
+    compiled on first such call; autograd then runs the v2 backward from its out and lse).
 
     Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs``, ``stages`` for v2;
     ``sram_budget`` for v1) override the planner's choice after the same feasibility checks.  With
@@ -326,7 +374,7 @@ def compile(
             tuned_reason = (f"autotuned on {found.key.gpu_name} for seqlen bucket {found.key.seqlen_bucket}"
                             f"{'' if seqlen_hint is None else f' (hint {seqlen_hint})'}: {found.ms:.4g} ms vs the "
                             f"model's {found.default_ms:.4g} ms ({found.path or 'in memory'})")
-    key = (ir_key, name, tgt.name, tuple(sorted(plan_options.items())))
+    key = (ir_key, name, tgt.name, tuple(sorted(plan_options.items())), schedule == "auto")
     with _cache_lock:
         hit = _compiled.get(key)
     if hit is None:
@@ -339,13 +387,13 @@ def compile(
         if tuned_reason is not None:
             plan = dataclasses.replace(plan, reasons=(tuned_reason, *plan.reasons))
         ks = sched.render(ir, plan, tgt)
-        hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values))
+        hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values), auto_decode=schedule == "auto")
         with _cache_lock:
             hit = _compiled.setdefault(key, hit)
         compiled = hit
     else:  # same code; this spec's own scale, dropout and buffer values
         compiled = CompiledAttention(spec, ir, name, tgt, hit.kernel_source, dict(traced.buffer_values),
-                                     hit._loaded, hit._lock)
+                                     hit._loaded, hit._lock, auto_decode=schedule == "auto")
     do_build = build if build is not None else (target is None)
     if do_build:
         compiled.build()
@@ -387,13 +435,32 @@ def attention(
     return_lse: bool = False,
     seed: int | None = None,
     deterministic: bool | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Functional attention with FlexAttention-style mods; compiled kernels are cached.
 
     Tensors as for :class:`CompiledAttention`; differentiable and usable under ``torch.compile``
     (fullgraph) like it.  A mod is traced once per function object; tensors it captures are read at
     call time from the traced spec.  The dropout probability itself is a run-time value.
+    With ``cu_seqlens_q`` / ``cu_seqlens_k``, q, k, v are packed (total, heads, dim) tensors
+    (:meth:`CompiledAttention.__call__`).
     """
+    varlen = not (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None)
+    if varlen:
+        for name, t in (("q", q), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise InputError(f"{name}: expected a 3-d torch.Tensor (total, heads, dim) with cu_seqlens, got {got}")
+        n = int(max_seqlen_q) if isinstance(max_seqlen_q, int) and max_seqlen_q > 0 else int(q.shape[0])
+        bucket = 1 << max(0, n - 1).bit_length()
+        kid = _functional_kernel_id(int(q.shape[-1]), int(v.shape[-1]), q.dtype, causal, score_mod, mask_mod,
+                                    float(dropout_p), schedule, bucket)
+        return _fn_kernels[kid](q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed,
+                                deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise InputError(f"q: expected a 4-d torch.Tensor (B, H, N, D), got {getattr(q, 'shape', type(q).__name__)}")
     if not isinstance(v, torch.Tensor) or v.dim() != 4:

@@ -128,6 +128,13 @@ def _cmd_plan(args) -> int:
     print()
     print(ks.plan.describe())
     print()
+    if ks.schedule == "decode":  # no IO model: the run-time split choice for one query row against N keys
+        from .plan.decode import choose_splits
+
+        c = choose_splits(ks.plan, B=B, H=H, H_kv=H, Nq=1, Nk=N)
+        print(f"split choice for B={B}, H=H_kv={H}, Nq=1, Nk={N}: {c.num_splits} split(s)")
+        print("\n".join(f"  {r}" for r in c.reasons))
+        return 0
     # masked tiles the classifier proves empty are skipped by the kernels, and in the report
     print(format_io_report(io_report(ks.plan, B, H, N, N, mask=ir.mask_expr)))
     if args.all:
@@ -236,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", help="preset name (see `attncompiler presets`) or path/to/file.py:NAME")
-        p.add_argument("--schedule", default="auto", choices=["auto", "v1", "v2"])
+        p.add_argument("--schedule", default="auto", choices=["auto", "v1", "v2", "v3", "decode"])
         p.add_argument("--arch", default=None, help="target, e.g. sm_80, sm_90 (default: this GPU, else sm_90)")
         p.add_argument("--head-dim", type=int, default=128)
         p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])

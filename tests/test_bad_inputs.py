@@ -101,6 +101,23 @@ def _requires_grad_cpu() -> Any:
     return _kern()(q, k, v)
 
 
+_I32 = torch.int32
+
+
+def _cu(*vals: int, dtype: torch.dtype = _I32) -> torch.Tensor:
+    return torch.tensor(vals, dtype=dtype)
+
+
+def _vcall(*, q=None, k=None, v=None, cu_q: Any = "default", cu_k: Any = "default", **kw: Any) -> Callable[[], Any]:
+    """A packed-sequence call (sequences of 5 and 7 rows) on CPU tensors, with one argument replaced."""
+    def run() -> Any:
+        dq, dk, dv = _t(12, 2, 64), _t(12, 2, 64), _t(12, 2, 64)
+        return _kern()(dq if q is None else q, dk if k is None else k, dv if v is None else v,
+                       cu_seqlens_q=_cu(0, 5, 12) if isinstance(cu_q, str) else cu_q,
+                       cu_seqlens_k=_cu(0, 5, 12) if isinstance(cu_k, str) else cu_k, **kw)
+    return run
+
+
 CPU_ROWS: tuple[Row, ...] = (
     # --- spec validation
     Row("spec-head-dim-0", lambda: ac.AttentionSpec(0), SpecError, ("head_dim", "multiple of 8 in [8, 256]", "got 0")),
@@ -210,6 +227,37 @@ CPU_ROWS: tuple[Row, ...] = (
         ("buffer 'doc_ids': expected an int or bool tensor", "got dtype torch.float32")),
     Row("buffer-complex", _call(_alibi(), buffers={"slopes": torch.ones(4, dtype=torch.complex64)}), InputError,
         ("buffer 'slopes': expected a float or int tensor", "got dtype torch.complex64")),
+    # --- packed sequences (cu_seqlens): every check but the device one runs on CPU tensors
+    Row("varlen-q-4d", _vcall(q=_t(1, 12, 2, 64)), InputError,
+        ("q: expected 3 dims (total_rows, heads, head_dim)", "got shape (1, 12, 2, 64)")),
+    Row("varlen-q-float32", _vcall(q=_t(12, 2, 64, dtype=torch.float32)), InputError,
+        ("q: expected dtype torch.bfloat16", "got torch.float32")),
+    Row("varlen-kv-rows-mismatch", _vcall(v=_t(11, 2, 64)), InputError,
+        ("k and v: expected the same rows and heads", "(12, 2, 64)", "(11, 2, 64)")),
+    Row("varlen-cu-list", _vcall(cu_q=[0, 5, 12]), InputError,
+        ("cu_seqlens_q: expected an int32 tensor of length B+1", "got list")),
+    Row("varlen-cu-int64", _vcall(cu_k=_cu(0, 5, 12, dtype=torch.int64)), InputError,
+        ("cu_seqlens_k: expected dtype torch.int32", "got torch.int64")),
+    Row("varlen-cu-2d", _vcall(cu_q=_cu(0, 5, 12).view(1, 3)), InputError,
+        ("cu_seqlens_q: expected a 1-d tensor of length B+1", "got shape (1, 3)")),
+    Row("varlen-cu-not-monotone", _vcall(cu_q=_cu(0, 9, 5, 12)), InputError,
+        ("cu_seqlens_q: expected non-decreasing offsets", "cu_seqlens_q[1] = 9 > cu_seqlens_q[2] = 5")),
+    Row("varlen-cu-first-not-zero", _vcall(cu_k=_cu(2, 5, 12)), InputError,
+        ("cu_seqlens_k: expected cu_seqlens[0] == 0", "got 2")),
+    Row("varlen-cu-total-mismatch", _vcall(cu_q=_cu(0, 5, 11)), InputError,
+        ("cu_seqlens_q: expected the last offset to equal the packed query rows (12)", "got 11")),
+    Row("varlen-cu-length-mismatch", _vcall(cu_k=_cu(0, 12)), InputError,
+        ("expected the same length B+1", "got 3 and 2")),
+    Row("varlen-only-cu-q", _vcall(cu_k=None), InputError,
+        ("cu_seqlens_q, cu_seqlens_k: expected both", "got a tensor and None")),
+    Row("varlen-max-seqlen-short", _vcall(max_seqlen_q=4), InputError,
+        ("max_seqlen_q: expected at least the longest sequence (7)", "got 4")),
+    Row("varlen-max-seqlen-negative", _vcall(max_seqlen_k=-1), InputError,
+        ("max_seqlen_k: expected a non-negative int or None", "got -1")),
+    Row("varlen-cpu-tensors", _vcall(), InputError, ("q: expected a CUDA tensor, got a tensor on cpu",)),
+    Row("functional-varlen-q-4d", lambda: ac.attention(_t(1, 12, 2, 64), _t(12, 2, 64), _t(12, 2, 64),
+                                                       cu_seqlens_q=_cu(0, 12), cu_seqlens_k=_cu(0, 12)),
+        InputError, ("q: expected a 3-d torch.Tensor (total, heads, dim) with cu_seqlens", "(1, 12, 2, 64)")),
     # --- functional API, reference, CLI
     Row("functional-q-list", lambda: ac.attention([1.0], *_qkv()[1:]), InputError,
         ("q: expected a 4-d torch.Tensor", "got list")),

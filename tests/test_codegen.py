@@ -61,6 +61,8 @@ def test_render_all_variants(schedule, head_dim):
 @pytest.mark.parametrize("schedule", schedule_names())
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_nvcc_compiles_every_variant(schedule, head_dim, arch):
+    if schedule == "v3" and arch != "sm_90a":
+        pytest.skip("v3 is sm_90a-only (tests/test_v3_codegen.py checks the error on other targets)")
     jobs = {name: _render(spec, schedule, arch.rstrip("a")).source for name, spec in _all_specs(head_dim).items()}
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, arch), jobs.values())))
@@ -75,6 +77,8 @@ def test_nvcc_compiles_every_variant(schedule, head_dim, arch):
 @pytest.mark.parametrize("head_dim", [32, 96, 256])
 def test_nvcc_other_head_dims(head_dim):
     for schedule in schedule_names():
+        if schedule == "v3" and head_dim % 64:
+            continue  # v3 tiles head dims in 64-column TMA boxes (tests/test_v3_codegen.py checks the error)
         for spec in (presets.plain(head_dim), presets.causal(head_dim), presets.softcap(30.0, head_dim)):
             rep = compile_with_nvcc(_render(spec, schedule, "sm_90").source, "sm_90a")
             print(f"{schedule} d={head_dim} {spec.name}: {rep.registers} regs, spill {rep.spill_stores} B")

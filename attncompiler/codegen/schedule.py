@@ -18,7 +18,7 @@ from ..runtime.launch import AttnInputs
 __all__ = ["Schedule", "KernelSource", "get_schedule", "schedule_names", "ScheduleError"]
 
 # name -> module (relative to this package) holding SCHEDULE
-_MODULES: dict[str, str] = {"v1": ".v1", "v2": ".v2"}
+_MODULES: dict[str, str] = {"v1": ".v1", "v2": ".v2", "decode": ".decode", "v3": ".v3"}
 
 
 class ScheduleError(ValueError):

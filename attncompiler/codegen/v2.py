@@ -23,7 +23,8 @@ class V2Schedule:
     def make_plan(self, ir: AttentionIR, target: Target, **options: Any):
         return plan_v2(ir, target, **options)
 
-    def render(self, ir: AttentionIR, plan, target: Target) -> KernelSource:
+    def render(self, ir: AttentionIR, plan, target: Target, *, varlen: bool = False) -> KernelSource:
+        """The translation unit; ``varlen`` renders the packed-sequence kernel (runtime/varlen.py)."""
         src = render_source(
             self.template,
             name=ir.name,
@@ -38,6 +39,7 @@ class V2Schedule:
             stages=int(plan.stages),
             min_ctas=1,
             smem_bytes=plan.smem_bytes,
+            varlen=bool(varlen),
         )
         return KernelSource(self.name, "attn_fwd", target.nvrtc_arch, src, plan, plan.num_threads,
                             plan.smem_bytes)

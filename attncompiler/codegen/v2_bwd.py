@@ -67,8 +67,9 @@ def make_bwd_plan(ir: AttentionIR, target: Target, *, deterministic: bool = Fals
     return plan_v2_bwd(ir, target, dq_mode="separate" if deterministic else "atomic", **options)
 
 
-def render_bwd(ir: AttentionIR, plan: V2BwdPlan, target: Target) -> BwdKernelSource:
-    """CUDA source of every backward kernel of ``ir`` under ``plan``."""
+def render_bwd(ir: AttentionIR, plan: V2BwdPlan, target: Target, *, varlen: bool = False) -> BwdKernelSource:
+    """CUDA source of every backward kernel of ``ir`` under ``plan`` (``varlen``: the packed-sequence
+    kernels, runtime/varlen.py)."""
     src = render_source(
         TEMPLATE,
         name=ir.name,
@@ -99,6 +100,7 @@ def render_bwd(ir: AttentionIR, plan: V2BwdPlan, target: Target) -> BwdKernelSou
         pre_rows=plan.pre_rows,
         smem_bytes=plan.smem_bytes,
         dq_smem_bytes=plan.dq_smem_bytes,
+        varlen=bool(varlen),
     )
     return BwdKernelSource(target.nvrtc_arch, src, plan)
 

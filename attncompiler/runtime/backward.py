@@ -29,14 +29,14 @@ _loaded: dict[tuple, dict[str, LoadedKernel]] = {}
 
 
 def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
-               options: Mapping[str, Any] | None = None) -> BwdKernelSource:
-    """The rendered backward translation unit (cached)."""
+               options: Mapping[str, Any] | None = None, varlen: bool = False) -> BwdKernelSource:
+    """The rendered backward translation unit (cached); ``varlen``: the packed-sequence kernels."""
     opts = dict(options or {})
-    key = (ir.key(), target.name, deterministic, tuple(sorted(opts.items())))
+    key = (ir.key(), target.name, deterministic, tuple(sorted(opts.items())), bool(varlen))
     with _lock:
         hit = _sources.get(key)
     if hit is None:
-        hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target)
+        hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
         with _lock:
             hit = _sources.setdefault(key, hit)
     return hit

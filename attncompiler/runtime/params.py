@@ -7,6 +7,8 @@ both produced from :data:`PARAM_FIELDS`, so they cannot drift apart.
 Strides are in elements.  Tensors are addressed as ``base + b*s_b + h*s_h + n*s_n + d`` (the head
 dimension is contiguous).  ``lse`` is float32 of shape (B, H, Nq), contiguous; it may be null.
 ``workspace`` is float32 scratch owned by the launcher (v1 keeps O, l and m there).
+``cu_seqlens_q`` / ``cu_seqlens_k`` are null except in the varlen kernels (rendered with
+``varlen=True``, templates/include/attncompiler/varlen.cuh), which read them at entry.
 """
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ PARAM_FIELDS: tuple[CField, ...] = (
     CField("dropout_rescale", "float", "1 / (1 - dropout_p)"),
     CField("seed", "unsigned long long", "Philox key"),
     CField("offset", "unsigned long long", "Philox counter offset (low 32 bits used)"),
+    CField("cu_seqlens_q", "const int*", "varlen: (B+1) query row offsets, int32; null otherwise (runtime/varlen.py)"),
+    CField("cu_seqlens_k", "const int*", "varlen: (B+1) key row offsets, int32; null otherwise"),
 )
 
 #: The backward kernels' extra parameters (``struct AttnBwdParams``), passed after AttnParams.

@@ -1,0 +1,79 @@
+"""The v3 schedule: FlashAttention-3 style Hopper forward (templates/v3_fwd.cu.j2,
+include/attncompiler/v3_fwd.cuh, v3_sm90.cuh).
+
+Besides ``(AttnParams, AttnBuffers)`` the kernel takes a third by-value argument, ``struct V3Maps``:
+the TMA tensor maps of q, k and v, built per call by :meth:`V3Schedule.launch_forward`
+(:mod:`attncompiler.runtime.tma`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..ir.types import AttentionIR
+from ..plan.targets import Target
+from ..plan.v3 import V3Plan, plan_v3
+from ..runtime.launch import AttnInputs
+from .hooks import render_prelude
+from .render import render_source
+from .schedule import KernelSource, ScheduleError
+
+__all__ = ["SCHEDULE", "V3Schedule", "PTX_TYPES"]
+
+PTX_TYPES = {"bf16": "bf16", "fp16": "f16"}
+
+
+@dataclass(frozen=True)
+class V3Schedule:
+    name: str = "v3"
+    template: str = "v3_fwd.cu.j2"
+
+    def make_plan(self, ir: AttentionIR, target: Target, **options: Any) -> V3Plan:
+        if (target.major, target.minor) != (9, 0):
+            raise ScheduleError(f"v3 needs sm_90a, got {target.name} (TMA, wgmma and setmaxnreg are Hopper-only); "
+                                f"use schedule='v2' there")
+        return plan_v3(ir, target, **options)
+
+    def render(self, ir: AttentionIR, plan: V3Plan, target: Target) -> KernelSource:
+        src = render_source(
+            self.template,
+            name=ir.name,
+            prelude=render_prelude(ir),
+            plan_text=plan.describe(),
+            ptx_type=PTX_TYPES[ir.dtype],
+            head_dim=ir.head_dim,
+            head_dim_v=ir.head_dim_v,
+            block_m=plan.block_m,
+            block_n=plan.block_n,
+            stages=plan.stages,
+            consumers=plan.consumers,
+            producer_regs=plan.producer_regs,
+            consumer_regs=plan.consumer_regs,
+            smem_bytes=plan.smem_bytes,
+        )
+        # wgmma and setmaxnreg exist only on the arch-specific target
+        return KernelSource(self.name, "attn_fwd", "sm_90a", src, plan, plan.num_threads, plan.smem_bytes)
+
+    def grid(self, ks: KernelSource, dims: AttnInputs) -> tuple[int, int, int]:
+        return (-(-dims.Nq // ks.plan.block_m), dims.B * dims.H, 1)
+
+    def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
+        return 0
+
+    def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
+                       device: torch.device) -> None:
+        """Launch with the third by-value argument ``struct V3Maps``: TMA maps of q (boxes of BLOCK_M
+        rows), k and v (BLOCK_N rows), built from the packed pointers and strides."""
+        from ..runtime.compiler import compile_kernel
+        from ..runtime.launch import launch_structs
+        from ..runtime.tma import attn_maps
+
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        fn = compile_kernel(ks.source, ks.arch, idx, ks.entry)  # memory-cached (built by CompiledAttention.build)
+        maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n)
+        launch_structs(fn.ptr, self.grid(ks, dims), ks.threads, ks.smem_bytes, (params, buffers, maps), device)
+
+
+SCHEDULE = V3Schedule()

@@ -1,0 +1,173 @@
+"""v3 planning: tiles of the Hopper forward (TMA + wgmma + warp specialization, sm_90a only).
+
+Facts of the v3 kernel (``templates/v3_fwd.cu.j2``, ``include/attncompiler/v3_fwd.cuh``):
+
+* a CTA is one producer warpgroup (TMA) plus :data:`CONSUMER_WGS` consumer warpgroups, each
+  owning :data:`WGMMA_M` = 64 query rows (the M of every wgmma), so BLOCK_M = 64 * consumers;
+* K/V stream through STAGES shared-memory stages; Q, K and V tiles are made of 64-column TMA boxes
+  (128-byte swizzle: :data:`SWIZZLE_BYTES` per row), so D and DV must be multiples of 64;
+* BLOCK_N is the N of the Q K^T wgmma (a multiple of 16 for the k16 steps of P V, <= 256) and
+  DV the N of the P V wgmma;
+* per consumer thread the accumulators take O: DV/2 and S: BLOCK_N/2 fp32 registers and P
+  BLOCK_N/4 packed 16-bit pairs, under the ``setmaxnreg`` budget :data:`CONSUMER_REGS`.
+
+Choice: the widest BLOCK_N <= the per-head-dim preference (:data:`PREFERRED_BLOCK_N`) whose
+registers fit, with the most K/V stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`) whose shared memory
+fits (a forced ``stages`` may go down to 1).  Every rejected
+BLOCK_N is listed in the reasons with the number that ruled it out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
+from .targets import Target
+
+__all__ = [
+    "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
+    "CONSUMER_REGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_MASKED",
+    "MIN_STAGES", "MAX_STAGES",
+    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3",
+]
+
+WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
+CONSUMER_WGS = 2             # two consumers: ping-pong (one softmax under the other's GEMMs)
+PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addresses and counters
+CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
+SWIZZLE_BYTES = 128          # TMA SWIZZLE_128B: inner box dim <= 128 bytes = 64 16-bit elements
+SMEM_ALIGN_SLACK = 1024      # the 128-byte swizzle needs 1024-byte aligned tiles; dynamic smem is 16
+MBARRIER_BYTES = 8
+REG_OVERHEAD_V3 = 40         # indices, row statistics, descriptors, loop state (estimate)
+MIN_STAGES = 2               # at least double-buffered K/V: the next block's copies land under this one's GEMMs
+MAX_STAGES = 4               # deepest ring searched (more stages: more smem, more latency hidden)
+# Preferred key-tile width by max(D, DV): wider tiles amortize the per-tile softmax bookkeeping; at
+# 256 the O accumulator (128 registers) leaves room for an 80-wide S only (FlashAttention-3's choice).
+# Measured on an H200, N = 16k (docs/perf-notes.md, v3): d=64 BN=192 457 vs BN=128 437 TFLOP/s.
+PREFERRED_BLOCK_N = {64: 192, 128: 128, 192: 112, 256: 80}
+# With a mask (or a score_mod reading a buffer) the per-element index arithmetic needs registers
+# too: at d=64 BN=192 ptxas spills 96-144 B there (nvcc 13.0), at BN=128 nothing, so such variants
+# prefer this width when it is narrower.
+PREFERRED_BLOCK_N_MASKED = 128
+BLOCK_N_CHOICES = tuple(range(256, 15, -16))
+
+
+@dataclass(frozen=True, kw_only=True)
+class V3Plan(Plan):
+    stages: int
+    consumers: int
+    producer_regs: int
+    consumer_regs: int
+
+    def _config_lines(self) -> list[str]:
+        return super()._config_lines() + [
+            f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
+            f"{self.consumers} consumer warpgroups (wgmma, setmaxnreg {self.consumer_regs}); "
+            f"{self.stages} K/V stages",
+        ]
+
+
+def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2) -> int:
+    """Q tile + STAGES x (K + V) tiles + mbarriers + the 1024-byte alignment slack (as V3Layout)."""
+    n_bars = 1 + 4 * stages
+    return SMEM_ALIGN_SLACK + eb * (block_m * d + stages * block_n * (d + dv)) + MBARRIER_BYTES * n_bars
+
+
+def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
+    """Registers per consumer thread: O DV/2 + S BLOCK_N/2 + P BLOCK_N/4 + overhead."""
+    r = {"o": dv // 2, "s": block_n // 2, "p": block_n // 4, "overhead": REG_OVERHEAD_V3}
+    r["total"] = sum(r.values())
+    return r
+
+
+def _preferred(d: int, dv: int, masked: bool) -> int:
+    m = max(d, dv)
+    pref = PREFERRED_BLOCK_N.get(m, 128 if m <= 128 else 80)
+    return min(pref, PREFERRED_BLOCK_N_MASKED) if masked else pref
+
+
+def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
+            stages: int | None = None, block_m: int | None = None, num_warps: int | None = None) -> V3Plan:
+    """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
+    dims = resolve_dims(ir_or_dims)
+    t = resolve_target(target)
+    if (t.major, t.minor) != (9, 0):
+        raise PlanError(f"v3 needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only); "
+                        f"use schedule='v2' there")
+    d, dv, eb = dims.head_dim, dims.head_dim_v, elem_bytes(dims.dtype)
+    bm = WGMMA_M * CONSUMER_WGS
+    if block_m is not None and block_m != bm:
+        raise PlanError(f"v3: expected block_m={bm} (64 rows per consumer warpgroup x {CONSUMER_WGS}), got {block_m}")
+    nw = 4 * (CONSUMER_WGS + 1)
+    if num_warps is not None and num_warps != nw:
+        raise PlanError(f"v3: expected num_warps={nw} (1 producer + {CONSUMER_WGS} consumer warpgroups), "
+                        f"got {num_warps}")
+    cols = SWIZZLE_BYTES // eb
+    bad = [f"{label}={x}" for label, x in (("head_dim", d), ("head_dim_v", dv)) if x % cols or x > 256]
+    if bad:
+        raise PlanError(f"v3 cannot tile {', '.join(bad)}: expected multiples of {cols} (one {SWIZZLE_BYTES}-byte "
+                        f"swizzled TMA box is {cols} columns) and <= 256 (wgmma N, TMA box rows); use "
+                        f"schedule='v2' for this head dim")
+    if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
+        raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
+    stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
+    # a mask, or a score_mod reading a captured buffer (relative_bias spills at d=64 BN=192 too)
+    masked = getattr(ir_or_dims, "mask_expr", None) is not None or bool(getattr(ir_or_dims, "buffers", ()))
+    pref = _preferred(d, dv, masked)
+    limit = t.max_smem_per_block_optin
+    rejected: list[str] = []
+    chosen = None
+    for bn in ((block_n,) if block_n is not None else BLOCK_N_CHOICES):
+        if bn % 16 or not 16 <= bn <= 256:
+            rejected.append(f"BLOCK_N={bn}: expected a multiple of 16 in [16, 256] (k16 steps of P V, wgmma N)")
+            continue
+        if block_n is None and bn > pref:
+            continue  # wider than preferred: not considered (listed once below)
+        regs = v3_register_estimate(bn, dv)
+        if regs["total"] > CONSUMER_REGS:
+            rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {CONSUMER_REGS}")
+            continue
+        fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb) <= limit]
+        if not fits:
+            st = stage_choices[-1]
+            rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb)} B with {st} stage(s) > "
+                            f"{limit} B per block")
+            continue
+        st = fits[0]
+        if stages is None and st < MAX_STAGES:
+            more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb)
+            rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B per block")
+        chosen = (bn, v3_smem_bytes(bm, bn, d, dv, st, eb), regs, st)
+        break
+    if chosen is None:
+        raise PlanError(f"no feasible v3 plan on {t.name} (D={d}, DV={dv}, stages={stages}): " + "; ".join(rejected))
+    bn, smem, regs, st = chosen
+    reasons = [
+        f"D={d}, DV={dv} ({dims.dtype}): multiples of {cols} (TMA boxes of {SWIZZLE_BYTES} bytes, 128-byte swizzle) "
+        f"and <= 256",
+        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {CONSUMER_WGS} consumer warpgroups = {bm}; one producer warpgroup "
+        f"-> {nw} warps ({32 * nw} threads)",
+        (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
+         f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
+         f"{' with a mask or buffer' if masked else ''} that fits"),
+        f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
+        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
+        f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
+        f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{d} + {st}*{bn}*({d}+{dv})) + {MBARRIER_BYTES}*"
+        f"{1 + 4 * st} (mbarriers) = {smem} B <= {limit} B",
+        f"STAGES = {st}" + (" (forced)" if stages is not None else
+                            f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
+                            f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
+                            f"block i's slot, so deeper rings hide more of the load latency)"),
+        "1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)",
+    ]
+    if block_n is None and pref < BLOCK_N_CHOICES[0]:
+        reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
+                       f"widths for this head dim)")
+    reasons += [f"rejected {r}" for r in rejected]
+    return V3Plan(
+        schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
+        num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=CONSUMER_REGS,
+        ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
+        consumer_regs=CONSUMER_REGS,
+    )

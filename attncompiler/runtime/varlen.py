@@ -1,0 +1,371 @@
+"""Packed sequences (varlen): input checks and the launches of the v2 forward and backward kernels.
+
+Layout (FlashAttention's varlen API): q (total_q, H, D), k (total_k, H_kv, D), v (total_k, H_kv,
+DV), out (total_q, H, DV), lse (H, total_q) float32; ``cu_seqlens_q`` / ``cu_seqlens_k`` are int32
+tensors of length B+1 on q's device, starting at 0, non-decreasing, ending at total_q / total_k:
+sequence b owns query rows [cu_q[b], cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1]).  Empty
+sequences are allowed (no rows: nothing is computed; queries with no keys get out = 0, lse = -inf).
+
+The kernels are the v2 ones rendered with ``varlen=True`` (templates/include/attncompiler/varlen.cuh:
+each CTA takes the view of its sequence at entry), so the Variant hooks see b = the sequence index,
+sequence-local q_idx / kv_idx and Q_LEN / KV_LEN of the sequence.  The forward always runs the v2
+schedule (the kernel's own plan when it was compiled with v2, else the v2 planner's choice).
+
+:func:`check_varlen` copies the two cu_seqlens to the host (one device sync each) to check that they
+are monotone and consistent with the tensors -- an inconsistent cu_seqlens would otherwise become
+an out-of-bounds access in the kernel.  The copy is cached per tensor (keyed by torch's version
+counter, so an in-place change is seen): the layers of one step that share a cu_seqlens, and their
+backward, sync once.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from ..codegen.schedule import KernelSource, get_schedule
+from ..codegen.v2_bwd import bwd_grids, nq_padded
+from ..ir.types import AttentionIR
+from ..plan.targets import Target
+from .compiler import LoadedKernel, compile_kernel
+from .launch import AttnInputs, InputError, launch, pack_params, prepare_buffers
+
+__all__ = ["VarlenInputs", "check_varlen", "varlen_fwd_source", "run_varlen_forward", "run_varlen_backward"]
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_MAX_GRID_Y = 65535
+_MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class VarlenInputs:
+    """Validated sizes of a packed batch; ``cu_q`` / ``cu_k`` are the host copies of cu_seqlens."""
+
+    B: int
+    H: int
+    H_kv: int
+    total_q: int
+    total_k: int
+    max_q: int
+    max_k: int
+    D: int
+    DV: int
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+
+    def launch_dims(self) -> AttnInputs:
+        """What the launch geometry sees: B sequences of at most max_q queries and max_k keys."""
+        return AttnInputs(self.B, self.H, self.H_kv, self.max_q, self.max_k, self.D, self.DV)
+
+
+def _desc(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
+    return type(t).__name__
+
+
+# Host copies of cu_seqlens tensors already read: id(tensor) -> (weak ref, version, data_ptr, values).
+# A training step passes one cu_seqlens to every layer's forward and backward; only the first call
+# syncs.  (Tensors compare elementwise, so a WeakKeyDictionary cannot hold them.)
+_host_cache: dict[int, tuple[Any, int, int, list[int]]] = {}
+
+
+def _forget(key: int) -> Any:
+    def drop(_ref: Any) -> None:
+        with _lock:
+            _host_cache.pop(key, None)
+    return drop
+
+
+def _host_values(cu: torch.Tensor) -> list[int]:
+    """cu's values on the host: a device sync the first time a (GPU) tensor is seen or after it
+    was modified in place (torch's version counter)."""
+    ver, ptr = cu._version, cu.data_ptr()
+    with _lock:
+        hit = _host_cache.get(id(cu))
+    if hit is not None and hit[0]() is cu and hit[1:3] == (ver, ptr):
+        return hit[3]
+    vals = [int(x) for x in cu.tolist()]
+    if not torch.compiler.is_compiling():
+        with _lock:
+            _host_cache[id(cu)] = (weakref.ref(cu, _forget(id(cu))), ver, ptr, vals)
+    return vals
+
+
+def _check_cu(name: str, cu: Any, total: int, rows: str) -> list[int]:
+    if not isinstance(cu, torch.Tensor):
+        raise InputError(f"{name}: expected an int32 tensor of length B+1, got {_desc(cu)}")
+    if cu.dtype != torch.int32:
+        raise InputError(f"{name}: expected dtype torch.int32, got {cu.dtype}; use .to(torch.int32)")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise InputError(f"{name}: expected a 1-d tensor of length B+1 >= 1, got shape {tuple(cu.shape)}")
+    vals = _host_values(cu)
+    if vals[0] != 0:
+        raise InputError(f"{name}: expected cu_seqlens[0] == 0, got {vals[0]}")
+    for i in range(len(vals) - 1):
+        if vals[i + 1] < vals[i]:
+            raise InputError(f"{name}: expected non-decreasing offsets, got {name}[{i}] = {vals[i]} > "
+                             f"{name}[{i + 1}] = {vals[i + 1]}")
+    if vals[-1] != total:
+        raise InputError(f"{name}: expected the last offset to equal the packed {rows} rows ({total}), "
+                         f"got {vals[-1]}")
+    return vals
+
+
+def _check_max(name: str, given: Any, actual: int) -> int:
+    if given is None:
+        return actual
+    if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+        raise InputError(f"{name}: expected a non-negative int or None, got {given!r}")
+    if given < actual:
+        raise InputError(f"{name}: expected at least the longest sequence ({actual}), got {given}")
+    return given
+
+
+def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
+                 max_seqlen_k: Any, ir: AttentionIR) -> VarlenInputs:
+    """Validate a packed batch for ``ir``.  Order: the tensors' types, ranks, dtypes and shapes; the
+    cu_seqlens (dtype, rank, length, values); max_seqlen; then devices, limits and memory layout --
+    so that everything but the device is reported for CPU tensors too."""
+    want = _TORCH_DTYPES[ir.dtype]
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise InputError(f"{name}: expected 3 dims (total_rows, heads, head_dim) for packed sequences, "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype != want:
+            raise InputError(f"{name}: expected dtype {want} (the spec's dtype {ir.dtype!r}), got {t.dtype}")
+    total_q, H, D = q.shape
+    total_k, H_kv, Dk = k.shape
+    total_v, H_v, DV = v.shape
+    if D != ir.head_dim or Dk != ir.head_dim:
+        raise InputError(f"q, k: expected head_dim {ir.head_dim} (compiled), got {D} and {Dk}")
+    if DV != ir.head_dim_v:
+        raise InputError(f"v: expected head_dim_v {ir.head_dim_v} (compiled), got {DV} in shape {tuple(v.shape)}")
+    if total_v != total_k or H_v != H_kv:
+        raise InputError(f"k and v: expected the same rows and heads, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if H_kv == 0 or H % H_kv != 0:
+        raise InputError(f"heads: expected q heads ({H}) to be a multiple of k/v heads ({H_kv})")
+    cq = _check_cu("cu_seqlens_q", cu_seqlens_q, total_q, "query")
+    ck = _check_cu("cu_seqlens_k", cu_seqlens_k, total_k, "key")
+    if len(cq) != len(ck):
+        raise InputError(f"cu_seqlens_q, cu_seqlens_k: expected the same length B+1, got {len(cq)} and {len(ck)}")
+    B = len(cq) - 1
+    max_q = _check_max("max_seqlen_q", max_seqlen_q, max((cq[i + 1] - cq[i] for i in range(B)), default=0))
+    max_k = _check_max("max_seqlen_k", max_seqlen_k, max((ck[i + 1] - ck[i] for i in range(B)), default=0))
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.device != q.device:
+            raise InputError(f"{name}: expected an int32 tensor on {q.device} (q's device), got one on {t.device}")
+    if B * H > _MAX_GRID_Y:
+        raise InputError(f"sequences*heads: expected at most {_MAX_GRID_Y} (the launch grid's y limit), got {B * H}")
+    if max(total_q, total_k) >= 2**31 - 1024 or max(max_q, max_k) >= 2**31 - 1024:
+        raise InputError(f"rows: expected < 2^31, got total_q={total_q}, total_k={total_k}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            continue
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}: expected a contiguous head dimension (stride 1), got strides {t.stride()}; "
+                             f"call .contiguous() first")
+        if any(s % 8 for s in t.stride()[:2]) or t.data_ptr() % 16:
+            raise InputError(f"{name}: expected 16-byte aligned rows (strides multiples of 8 elements, 16-byte "
+                             f"aligned base), got strides {t.stride()} and address {t.data_ptr():#x}")
+    return VarlenInputs(B, H, H_kv, total_q, total_k, max_q, max_k, D, DV, tuple(cq), tuple(ck))
+
+
+def _as4(t: torch.Tensor) -> torch.Tensor:
+    """(rows, H, d) viewed as (1, H, rows, d): the kernels' (b, h, n) strides of a packed tensor."""
+    return t.unsqueeze(0).transpose(1, 2)
+
+
+# ------------------------------------------------------------------------------------ forward
+_sources: dict[tuple, KernelSource] = {}
+_loaded: dict[tuple, LoadedKernel] = {}
+
+
+def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSource | None = None) -> KernelSource:
+    """The varlen forward translation unit: ``kernel_source``'s v2 plan, else the v2 planner's (cached)."""
+    sched = get_schedule("v2")
+    plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
+    key = (ir.key(), target.name, None if plan is None else plan.describe())
+    with _lock:
+        hit = _sources.get(key)
+    if hit is None:
+        hit = sched.render(ir, plan if plan is not None else sched.make_plan(ir, target), target, varlen=True)
+        with _lock:
+            hit = _sources.setdefault(key, hit)
+    return hit
+
+
+def _load(ks: KernelSource, device: int) -> LoadedKernel:
+    key = (id(ks), device)
+    with _lock:
+        hit = _loaded.get(key)
+    if hit is None:
+        hit = compile_kernel(ks.source, ks.arch, device, ks.entry)
+        if ks.smem_bytes > 48 * 1024:
+            from cupy.cuda import Device, driver
+
+            with Device(device):
+                driver.funcSetAttribute(hit.ptr, _MAX_DYNAMIC_SMEM_ATTR, ks.smem_bytes)
+        with _lock:
+            hit = _loaded.setdefault(key, hit)
+    return hit
+
+
+def _dev_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _set_cu(P: Any, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
+    P.cu_seqlens_q, P.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+    for name in ("q", "k", "v", "o"):
+        setattr(P, f"{name}_sb", 0)
+
+
+def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSource | None, q: torch.Tensor,
+                       k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                       max_seqlen_q: int | None, max_seqlen_k: int | None, buffers: Mapping[str, torch.Tensor], *,
+                       scale: float, dropout_p: float, seed: int, offset: int,
+                       out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (total_q, H, DV), lse (H, total_q) float32) of a packed batch."""
+    vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
+    if out is not None:
+        want = (vi.total_q, vi.H, vi.DV)
+        if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
+            raise InputError(f"out: expected {want} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype} "
+                             f"on {out.device}")
+        if out.numel() and (out.stride(-1) != 1 or any(s % 8 for s in out.stride()[:2]) or out.data_ptr() % 16):
+            raise InputError(f"out: expected a contiguous head dim and 16-byte aligned rows, got strides "
+                             f"{out.stride()}")
+        o = out
+    else:
+        o = torch.empty(vi.total_q, vi.H, vi.DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(vi.H, vi.total_q, device=q.device, dtype=torch.float32)
+    if vi.total_q == 0 or vi.H == 0:
+        return o, lse
+    if vi.total_k == 0:  # no keys anywhere: every row is empty
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse
+    ks = varlen_fwd_source(ir, target, kernel_source)
+    loaded = _load(ks, _dev_index(q))
+    bufs = prepare_buffers(ir, buffers, q.device)
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    dims = vi.launch_dims()
+    P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(o), lse, None, dims, scale=scale, dropout_p=dropout_p,
+                        seed=seed, offset=offset, ir=ir, buffers=bufs)
+    _set_cu(P, cu_q, cu_k)
+    grid = (-(-vi.max_q // ks.plan.block_m), vi.B * vi.H, 1)
+    with torch.cuda.device(q.device):
+        launch(loaded.ptr, grid, ks.threads, ks.smem_bytes, P, Bf, q.device)
+    return o, lse
+
+
+# ------------------------------------------------------------------------------------ backward
+def _rows_of(cu: tuple[int, ...], pick: list[int], device: torch.device) -> torch.Tensor:
+    """Row indices of the sequences ``pick``."""
+    idx = [r for b in pick for r in range(cu[b], cu[b + 1])]
+    return torch.tensor(idx, dtype=torch.long, device=device)
+
+
+def _gather_dq(acc: torch.Tensor, cu_q: torch.Tensor, vi: VarlenInputs, dtype: torch.dtype) -> torch.Tensor:
+    """dq (total_q, H, D) from the atomic accumulator: one (H, Nq_b, D) block per sequence at q_start*H*D."""
+    dev = acc.device
+    cu = cu_q.to(torch.long)
+    lens = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(vi.B, device=dev), lens, output_size=vi.total_q)
+    start, ln = cu[:-1][seq], lens[seq]
+    rows = torch.arange(vi.total_q, device=dev) - start
+    heads = torch.arange(vi.H, device=dev)
+    idx = (start * vi.H + rows).unsqueeze(1) + heads.unsqueeze(0) * ln.unsqueeze(1)  # (total_q, H)
+    return acc.view(-1, vi.D).to(dtype)[idx]  # round first: the gather then moves half the bytes
+
+
+def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None,
+                        max_seqlen_k: int | None, buffers: Mapping[str, torch.Tensor], *, scale: float,
+                        dropout_p: float, seed: int, offset: int, deterministic: bool = False,
+                        options: Mapping[str, Any] | None = None,
+                        poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (v2
+    backward kernels rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
+    from .backward import _bwd_params_type, _set_strides, bwd_source, load_bwd
+
+    vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
+    want = (vi.total_q, vi.H, vi.DV)
+    for name, t in (("dout", dout), ("out", out)):
+        if tuple(t.shape) != want or t.dtype != q.dtype or t.device != q.device:
+            raise InputError(f"{name}: expected {want} {q.dtype} on {q.device}, got {tuple(t.shape)} {t.dtype} "
+                             f"on {t.device}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is not None and tuple(t.shape) != (vi.H, vi.total_q):
+            raise InputError(f"{name}: expected shape {(vi.H, vi.total_q)} (heads, total_q), got {tuple(t.shape)}")
+    dout = dout.contiguous()
+    out = out.contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    def alloc(*shape: int, dtype: torch.dtype = q.dtype) -> torch.Tensor:
+        t = torch.empty(shape, device=q.device, dtype=dtype)
+        return t.fill_(float("nan")) if poison else t
+
+    dk = alloc(vi.total_k, vi.H_kv, vi.D)
+    dv = alloc(vi.total_k, vi.H_kv, vi.DV)
+    if vi.total_q == 0 or vi.total_k == 0 or vi.H == 0:
+        return torch.zeros(vi.total_q, vi.H, vi.D, device=q.device, dtype=q.dtype), dk.zero_(), dv.zero_()
+    src = bwd_source(ir, target, deterministic=deterministic, options=options, varlen=True)
+    plan = src.plan
+    fns = load_bwd(src, _dev_index(q))
+    atomic = plan.dq_mode == "atomic"
+    dq_accum = torch.zeros(vi.total_q * vi.H * vi.D, device=q.device, dtype=torch.float32) if atomic else None
+    dq = None if atomic else alloc(vi.total_q, vi.H, vi.D)
+    dims = vi.launch_dims()
+    nq_pad = nq_padded(plan, vi.max_q)
+    ws = alloc(2, vi.B * vi.H * nq_pad, dtype=torch.float32)
+    bufs = prepare_buffers(ir, buffers, q.device)
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(out), lse, None, dims, scale=scale, dropout_p=dropout_p,
+                        seed=seed, offset=offset, ir=ir, buffers=bufs)
+    _set_cu(P, cu_q, cu_k)
+    bp = _bwd_params_type()()
+    bp.dout = dout.data_ptr()
+    bp.dq = dq.data_ptr() if dq is not None else None
+    bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
+    bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
+    bp.dlse = dlse.data_ptr() if dlse is not None else None
+    bp.lse2, bp.dsum = ws[0].data_ptr(), ws[1].data_ptr()
+    _set_strides(bp, "do", _as4(dout))
+    if dq is not None:
+        _set_strides(bp, "dq", _as4(dq))
+    _set_strides(bp, "dk", _as4(dk))
+    _set_strides(bp, "dv", _as4(dv))
+    bp.Nq_pad = nq_pad
+    grids = bwd_grids(plan, dims)
+    from .launch import launch_structs
+
+    with torch.cuda.device(q.device):
+        for e in src.entries:
+            if grids[e][0] == 0:
+                continue
+            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf)
+            launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
+    # Sequences with keys but no queries: the dK/dV kernels skip them; their gradients are 0.
+    idle = [b for b in range(vi.B) if vi.cu_q[b + 1] == vi.cu_q[b] and vi.cu_k[b + 1] > vi.cu_k[b]]
+    if idle:
+        rows = _rows_of(vi.cu_k, idle, q.device)
+        dk[rows] = 0
+        dv[rows] = 0
+    if atomic:
+        dq = _gather_dq(dq_accum, cu_q, vi, q.dtype)  # type: ignore[arg-type]
+    return dq, dk, dv  # type: ignore[return-value]

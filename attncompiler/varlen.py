@@ -1,0 +1,262 @@
+"""Packed sequences (varlen): the call path, the autograd custom ops and the float64 reference.
+
+``kernel(q, k, v, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., max_seqlen_k=...)`` with
+q (total_q, H, D), k (total_k, H_kv, D), v (total_k, H_kv, DV) returns out (total_q, H, DV) and,
+with ``return_lse``, lse (H, total_q) float32 (layout and checks: :mod:`attncompiler.runtime.varlen`).
+The mods see b = the sequence index and sequence-local q_idx / kv_idx; Q_LEN / KV_LEN are the
+sequence's lengths (so ``causal=True`` is bottom-right aligned per sequence).
+
+Two ``torch.library`` ops, registered when this module is imported (nothing runs at import):
+
+``attncompiler::attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id,
+max_seqlen_q, max_seqlen_k, scale, dropout_p, rng, deterministic) -> (out, lse)``
+``attncompiler::attention_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+buffers, kernel_id, max_seqlen_q, max_seqlen_k, scale, dropout_p, rng, deterministic) -> (dq, dk, dv)``
+
+``max_seqlen_*`` = -1 means "the longest sequence" (read from cu_seqlens).  On CPU tensors the ops
+run :func:`reference_varlen` in float32 (and its autograd), so the integration is testable without
+a GPU.  Learnable captured buffers are not differentiated through the varlen path (an error says so).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from .ir.types import AttentionIR
+from .reference import eager_attention, reference_attention
+from .runtime.launch import InputError
+from .spec.symbols import B as SYM_B
+
+__all__ = ["call_varlen", "reference_varlen", "eager_varlen", "pack", "unpack"]
+
+
+# ------------------------------------------------------------------------------------ reference
+def _uses_batch(ir: AttentionIR, dropout_p: float) -> bool:
+    exprs = [e for e in (ir.score_expr, ir.mask_expr) if e is not None]
+    return dropout_p > 0 or any(SYM_B in e.free_symbols for e in exprs)
+
+
+def _per_sequence(fn: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, ir: AttentionIR,
+                  dropout_p: Optional[float], out_dtype: torch.dtype, **kw: Any) -> tuple[Tensor, Tensor]:
+    cq = [int(x) for x in cu_q.tolist()]
+    ck = [int(x) for x in cu_k.tolist()]
+    H, DV = q.shape[1], v.shape[-1]
+    p_drop = float(ir.dropout_p if dropout_p is None else dropout_p)
+    batch = _uses_batch(ir, p_drop)
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qb = q[cq[b]:cq[b + 1]].transpose(0, 1).unsqueeze(0)
+        kb = k[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
+        vb = v[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
+        if batch and b > 0:  # the mods (or dropout's counter) read b: sequence b is batch entry b
+            qb, kb, vb = (t.expand(b + 1, *t.shape[1:]) for t in (qb, kb, vb))
+        o, lse = fn(qb, kb, vb, ir, dropout_p=dropout_p, return_lse=True, **kw)
+        outs.append(o[-1].transpose(0, 1))
+        lses.append(lse[-1])
+    out = torch.cat(outs, 0) if outs else q.new_zeros(0, H, DV, dtype=out_dtype)
+    lse = torch.cat(lses, 1) if lses else q.new_zeros(H, 0, dtype=out_dtype)
+    return out, lse
+
+
+def reference_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, ir: AttentionIR,
+                     *, buffers: Optional[Mapping[str, Tensor]] = None, scale: Optional[float] = None,
+                     dropout_p: Optional[float] = None, seed: int = 0, offset: int = 0,
+                     dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """(out (total_q, H, DV), lse (H, total_q)) of a packed batch in ``dtype``: the reference of each
+    sequence (:func:`attncompiler.reference.reference_attention`) with b = its index.  Differentiable."""
+    return _per_sequence(reference_attention, q, k, v, cu_seqlens_q, cu_seqlens_k, ir, dropout_p, dtype,
+                         buffers=buffers, scale=scale, seed=seed, offset=offset, dtype=dtype)
+
+
+def eager_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, ir: AttentionIR, *,
+                 buffers: Optional[Mapping[str, Tensor]] = None, scale: Optional[float] = None,
+                 dropout_p: Optional[float] = None, seed: int = 0, offset: int = 0) -> tuple[Tensor, Tensor]:
+    """As :func:`reference_varlen`, computed the way eager PyTorch does in q's dtype (the error-ratio bound)."""
+    return _per_sequence(eager_attention, q, k, v, cu_seqlens_q, cu_seqlens_k, ir, dropout_p, q.dtype,
+                         buffers=buffers, scale=scale, seed=seed, offset=offset)
+
+
+def pack(seqs: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """(total, H, d) packed rows and int32 cu_seqlens (on the tensors' device) from (N_b, H, d) tensors."""
+    if not seqs:
+        raise ValueError("pack: expected at least one (N, H, d) tensor, got none")
+    lens = [int(t.shape[0]) for t in seqs]
+    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return torch.cat(seqs, 0), cu.to(seqs[0].device)
+
+
+def unpack(packed: Tensor, cu_seqlens: Tensor) -> list[Tensor]:
+    """The per-sequence slices of a packed (total, ...) tensor."""
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    return [packed[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
+
+
+# ------------------------------------------------------------------------------------ custom ops
+def _kernel(kernel_id: int) -> Any:
+    from .autograd import get_kernel
+
+    return get_kernel(kernel_id)
+
+
+def _rng(rng: Tensor) -> tuple[int, int]:
+    seed, offset = (int(x) & (2**64 - 1) for x in rng.tolist())
+    return seed, offset
+
+
+def _bufs(kern: Any, buffers: list[Tensor]) -> dict[str, Tensor]:
+    names = [b.name for b in kern.ir.buffers]
+    if len(names) != len(buffers):
+        raise ValueError(f"buffers: expected {len(names)} tensors ({names}), got {len(buffers)}")
+    return dict(zip(names, buffers))
+
+
+def _max(n: int) -> Optional[int]:
+    return None if n < 0 else n
+
+
+@torch.library.custom_op("attncompiler::attention_varlen_fwd", mutates_args=())
+def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
+                kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float, dropout_p: float, rng: Tensor,
+                deterministic: bool) -> tuple[Tensor, Tensor]:
+    kern = _kernel(kernel_id)
+    seed, offset = _rng(rng)
+    bufs = _bufs(kern, buffers)
+    if q.device.type == "cpu":
+        o, lse = reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kern.ir, buffers=bufs, scale=scale,
+                                  dropout_p=dropout_p, seed=seed, offset=offset, dtype=torch.float32)
+        return o.to(q.dtype).contiguous(), lse.contiguous()
+    from .runtime.varlen import run_varlen_forward
+
+    with torch.no_grad():
+        return run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                  _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
+                                  seed=seed, offset=offset)
+
+
+@_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q, max_seqlen_k, scale, dropout_p, rng,
+      deterministic):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+
+def _cpu_backward(ir: AttentionIR, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                  dlse: Optional[Tensor], cu_q: Tensor, cu_k: Tensor, bufs: Mapping[str, Tensor], *, scale: float,
+                  dropout_p: float, seed: int, offset: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The CPU op path: chunked torch backward (backward_torch.py) per sequence, float32."""
+    from .backward_torch import torch_backward
+
+    cq = [int(x) for x in cu_q.tolist()]
+    ck = [int(x) for x in cu_k.tolist()]
+    batch = _uses_batch(ir, dropout_p)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype) for t in (q, k, v))
+    for b in range(len(cq) - 1):
+        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        n = b + 1 if batch else 1
+        def seq(t: Tensor, r: slice) -> Tensor:  # noqa: E306
+            return t[r].transpose(0, 1).unsqueeze(0).expand(n, *t[r].transpose(0, 1).shape)
+        lb = lse[:, rq].unsqueeze(0).expand(n, -1, -1)
+        dlb = None if dlse is None else dlse[:, rq].unsqueeze(0).expand(n, -1, -1)
+        g = torch_backward(seq(q, rq), seq(k, rk), seq(v, rk), seq(out, rq), lb, seq(dout, rq), ir, buffers=bufs,
+                           scale=scale, dropout_p=dropout_p, seed=seed, offset=offset, dlse=dlb)
+        dq[rq], dk[rk], dv[rk] = (x[-1].transpose(0, 1).to(q.dtype) for x in g[:3])
+    return dq, dk, dv
+
+
+@torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=())
+def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
+                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor], kernel_id: int, max_seqlen_q: int,
+                max_seqlen_k: int, scale: float, dropout_p: float, rng: Tensor,
+                deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    kern = _kernel(kernel_id)
+    seed, offset = _rng(rng)
+    bufs = _bufs(kern, buffers)
+    if q.device.type == "cpu":
+        return _cpu_backward(kern.ir, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, bufs, scale=scale,
+                             dropout_p=dropout_p, seed=seed, offset=offset)
+    from . import autograd
+    from .runtime.varlen import run_varlen_backward
+
+    return run_varlen_backward(kern.ir, kern.target, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+                               _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
+                               seed=seed, offset=offset, deterministic=deterministic,
+                               options=getattr(kern, "backward_options", None), poison=autograd.POISON_GRADS)
+
+
+@_varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q, max_seqlen_k,
+      scale, dropout_p, rng, deterministic):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    (q, k, v, cu_q, cu_k, buffers, kernel_id, max_q, max_k, scale, dropout_p, rng, deterministic) = inputs
+    out, lse = output
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng, *buffers)
+    ctx.args = (kernel_id, max_q, max_k, scale, dropout_p, deterministic)
+    ctx.kernel = _kernel(kernel_id)  # keeps the (weakly registered) kernel alive for the backward
+
+
+def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
+    q, k, v, out, lse, cu_q, cu_k, rng, *buffers = ctx.saved_tensors
+    kernel_id, max_q, max_k, scale, dropout_p, deterministic = ctx.args
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.attncompiler.attention_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, buffers,
+                                                             kernel_id, max_q, max_k, scale, dropout_p, rng,
+                                                             deterministic)
+    return dq, dk, dv, None, None, [None] * len(buffers), None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("attncompiler::attention_varlen_fwd", _backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------ call path
+def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                max_seqlen_q: Any, max_seqlen_k: Any, return_lse: bool, scale: Optional[float],
+                dropout_p: Optional[float], seed: Optional[int], offset: int, buffers: Mapping[str, Tensor],
+                out: Optional[Tensor], deterministic: Optional[bool]) -> Any:
+    """``CompiledAttention.__call__`` with cu_seqlens (arguments already checked there, buffers merged)."""
+    from . import autograd
+
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise InputError(f"cu_seqlens_q, cu_seqlens_k: expected both for packed sequences, got "
+                         f"{'a tensor' if cu_seqlens_q is not None else 'None'} and "
+                         f"{'a tensor' if cu_seqlens_k is not None else 'None'}")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or m < 0):
+            raise InputError(f"{name}: expected a non-negative int or None, got {m!r}")
+    p_drop = kern.ir.dropout_p if dropout_p is None else float(dropout_p)
+    kern._check_dropout(p_drop)
+    sc = kern.ir.scale if scale is None else float(scale)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                                 for t in (q, k, v, *buffers.values()))
+    if not (needs_grad or torch.compiler.is_compiling()):
+        from .runtime.varlen import run_varlen_forward
+
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
+        o, lse = run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen_q, max_seqlen_k, buffers, scale=sc, dropout_p=p_drop, seed=seed,
+                                    offset=offset, out=out)
+        kern.last_seed, kern.last_offset = seed, offset
+        return (o, lse) if return_lse else o
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.device.type != "cuda":
+            raise InputError(f"{name}: expected a CUDA tensor, got {getattr(t, 'device', type(t).__name__)}")
+    if out is not None:
+        raise InputError("out: expected None when inputs require grad or under torch.compile, got a tensor")
+    learn = [n for n, t in buffers.items() if isinstance(t, Tensor) and t.requires_grad and t.is_floating_point()]
+    if learn:
+        raise InputError(f"buffers {learn}: expected no learnable buffers with packed sequences (their gradients "
+                         f"are not computed in the varlen path), got requires_grad=True; detach them")
+    det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
+    rng = autograd.make_rng(seed if p_drop > 0 else 0, offset)
+    kid = kern._op_id or autograd.register_kernel(kern)
+    bufs = [buffers[b.name] for b in kern.ir.buffers]
+    o, lse = torch.ops.attncompiler.attention_varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, bufs, kid, -1 if max_seqlen_q is None else int(max_seqlen_q),
+        -1 if max_seqlen_k is None else int(max_seqlen_k), float(sc), float(p_drop), rng, det)
+    return (o, lse) if return_lse else o

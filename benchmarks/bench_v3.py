@@ -1,0 +1,138 @@
+"""v3 (Hopper TMA + wgmma) forward beside v2 and torch SDPA (cuDNN, flash) in one process, bf16.
+
+    PYTHONPATH=. python3 benchmarks/bench_v3.py [--check] [--head-dims 64,128,256] [--variants plain,causal]
+
+Shape: N = 16k, B*N = 16k tokens (B = 1), H*d = 2048.  FLOPs = 4*B*H*N^2*d, halved when causal
+(window: the visible pairs).  Timing: triton's do_bench median (CUDA events) over three rotated input
+sets.  ``--check`` first runs a few small correctness checks (error-ratio rule, float64 reference)
+and prints them.  JSON lines go to $OUT/bench_v3.jsonl (or /tmp).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+
+def _spec(name: str, d: int, H: int, N: int):
+    from attncompiler.spec import presets
+
+    if name == "alibi":
+        return presets.alibi(presets.alibi_slopes(H), d)
+    if name == "alibi_causal":
+        return presets.alibi(presets.alibi_slopes(H), d, causal=True)
+    if name == "softcap":
+        return presets.softcap(30.0, d)
+    if name == "sliding_window":
+        return presets.sliding_window(1024, d)
+    return presets.get_preset(name, head_dim=d, num_heads=H, seqlen=N)
+
+
+def checks() -> None:
+    import attncompiler as ac
+    from attncompiler.testing import check_kernel
+
+    cases = [("plain", 128, "bf16", 256), ("plain", 128, "bf16", 113), ("causal", 128, "bf16", 1023),
+             ("plain", 64, "fp16", 1023), ("causal", 256, "bf16", 1023), ("alibi", 128, "bf16", 1023),
+             ("softcap", 64, "bf16", 517), ("sliding_window", 128, "bf16", 3000)]
+    for name, d, dt, n in cases:
+        try:
+            spec = _spec(name, d, 3, n)
+            if dt != "bf16":
+                import dataclasses
+                spec = dataclasses.replace(spec, dtype=dt)
+            kern = ac.compile(spec, "v3")
+            res = check_kernel(kern, 2, 3, n)
+            print(f"check v3 {name} d={d} {dt} N={n}: {'OK' if res.ok else 'FAIL'} {res}", flush=True)
+        except Exception:  # report and go on: one call should show every case
+            print(f"check v3 {name} d={d} {dt} N={n}: ERROR", flush=True)
+            traceback.print_exc()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    import attncompiler as ac
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--head-dims", default="64,128,256")
+    ap.add_argument("--variants", default="plain,causal")
+    ap.add_argument("--schedules", default="v3,v2")
+    ap.add_argument("--seqlen", type=int, default=16384)
+    ap.add_argument("--v3-options", default="", help="e.g. block_n=176,stages=2")
+    args = ap.parse_args(argv)
+    if args.check:
+        checks()
+    opts = {k: int(v) for k, v in (kv.split("=") for kv in args.v3_options.split(",") if kv)}
+    out_path = os.path.join(os.environ.get("OUT", "/tmp"), "bench_v3.jsonl")
+    fout = open(out_path, "a")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    table = []
+    N = args.seqlen
+    for d in (int(x) for x in args.head_dims.split(",")):
+        H = 2048 // d
+        B = max(1, 16384 // N)
+        sets = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(3)]
+        for var in args.variants.split(","):
+            causal = var in ("causal", "alibi_causal")
+            pairs = N * N if not causal else N * (N + 1) / 2
+            if var == "sliding_window":
+                w = 1024
+                pairs = sum(min(i + 1, w + 1) for i in range(N)) if N <= 65536 else N * w
+            flops = 4 * B * H * pairs * d
+            res = {}
+            for sched in args.schedules.split(","):
+                try:
+                    kern = ac.compile(_spec(var, d, H, N), sched, **(opts if sched == "v3" else {}))
+                    it = [0]
+
+                    def step(kern=kern):
+                        q, k, v = sets[it[0] % 3]
+                        it[0] += 1
+                        return kern(q, k, v)
+
+                    ms = do_bench(step, warmup=50, rep=300, return_mode="median")
+                    res[sched] = flops / ms / 1e9
+                except Exception as e:
+                    print(f"{sched} {var} d={d}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+            if var in ("plain", "causal"):
+                for be_name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        it = [0]
+
+                        def peer(be=be):
+                            q, k, v = sets[it[0] % 3]
+                            it[0] += 1
+                            with sdpa_kernel(be):
+                                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                        ms = do_bench(peer, warmup=50, rep=300, return_mode="median")
+                        res[be_name] = flops / ms / 1e9
+                    except Exception as e:
+                        print(f"{be_name} {var} d={d}: ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+            row = {"d": d, "H": H, "B": B, "N": N, "variant": var, "tflops": {k: round(v, 1) for k, v in res.items()},
+                   "v3_options": opts}
+            fout.write(json.dumps(row) + "\n")
+            fout.flush()
+            table.append(row)
+            print(json.dumps(row), flush=True)
+    print("\n| d | variant | " + " | ".join(["v3", "v2", "cudnn", "flash", "v3/cudnn", "v3/v2"]) + " |")
+    for r in table:
+        t = r["tflops"]
+        def f(k):
+            return f"{t[k]:.0f}" if k in t else "-"
+        def ratio(a, b):
+            return f"{t[a] / t[b]:.2f}" if a in t and b in t else "-"
+        print(f"| {r['d']} | {r['variant']} | {f('v3')} | {f('v2')} | {f('cudnn')} | {f('flash')} | "
+              f"{ratio('v3', 'cudnn')} | {ratio('v3', 'v2')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

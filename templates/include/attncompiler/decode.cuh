@@ -1,0 +1,538 @@
+// attncompiler/decode.cuh -- split-KV decode (flash-decoding) forward: a split kernel and a combine kernel.
+//
+// For few query rows (Nq <= 16) against a long K/V, one CTA per (query block, head) -- the v2 grid -- has
+// B*H CTAs, each streaming all of K/V: the GPU is mostly idle and each K/V head is read H/H_kv times.
+//
+// attn_fwd (the split kernel), grid (num_splits, B*H_kv, row_blocks), NUM_WARPS warps:
+//   * the M rows of one tensor-core tile are the (query head, query) pairs of one K/V head's group,
+//     row R = hg * Nq + qi for hg < H/H_kv, qi < Nq (dp.rows = H/H_kv * Nq rows, 16 per row block):
+//     with GQA, 1 query x 8 grouped heads fills 8 rows and K/V is read once for the whole group;
+//   * the K/V blocks that the mask's kv_range allows (union over the CTA's heads) are cut into
+//     num_splits contiguous chunks of whole BLOCK_N tiles; CTA blockIdx.x streams its chunk through a
+//     STAGES-deep cp.async ring (16-byte copies, STAGES-1 tiles in flight while one is computed), and
+//     skips tiles the tile classifier proves EMPTY for every head of the CTA;
+//   * each warp takes its own KW = BLOCK_N / NUM_WARPS keys of every tile (S = Q K^T, score_mod, mask,
+//     online softmax in the log2 domain, dropout, O += P V, all with mma.sync m16n8k16); the warps'
+//     (m, l, O) are merged through shared memory at the end;
+//   * with num_splits == 1 the CTA writes O (element type) and LSE directly; otherwise it writes the
+//     normalized partial O (fp32) and its LSE to the workspace:
+//       ws[0 : S*R*DV]           partial O,   [split][row][DV], row = (b*H + h)*Nq + qi  (R = B*H*Nq)
+//       ws[S*R*DV : S*R*(DV+1)]  partial LSE, [split][row], natural log, -inf for a split with no visible key
+// attn_decode_combine, grid ceil(R / COMBINE_WARPS), one warp per row: LSE = log sum_s exp(lse_s),
+//   O = sum_s exp(lse_s - LSE) O_s; a row with no visible key in any split gets O = 0, LSE = -inf.
+//
+// Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant, DecodeParams; Cfg supplies
+// D, DV, BLOCK_N, NUM_WARPS, STAGES, Q_IN_REGS, L2_HINT.
+#pragma once
+
+namespace ac {
+
+// Cooperative cp.async of a ROWS x COLS K or V tile into padded shared memory (row stride SSTRIDE
+// elements), rows >= rows_valid zero-filled, with an L2 prefetch-size hint: L2_HINT = 0 (none), 128 or
+// 256 bytes (`cp.async.cg.shared.global.L2::256B`: the L2 fetches whole 256-byte lines from DRAM; each
+// warp's 32 copies cover 512 contiguous bytes of a (B, H, N, d) K/V row run).
+template <int L2_HINT>
+__device__ __forceinline__ void decode_cp_async(unsigned int dst, const void* src, int n) {
+  static_assert(L2_HINT == 0 || L2_HINT == 128 || L2_HINT == 256, "L2_HINT is 0, 128 or 256");
+  if constexpr (L2_HINT == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  } else if constexpr (L2_HINT == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+  }
+}
+
+// Each thread owns one 16-byte column chunk and walks the rows with a constant step (one shared base
+// plus immediates, one global pointer advanced by a fixed stride, as load_tile_rows_async).
+template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, int L2_HINT, typename T>
+__device__ __forceinline__ void decode_load_tile(unsigned int smem_addr, const T* gmem, long long gstride,
+                                                 int rows_valid, int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  if constexpr (NTHREADS % kChunksPerRow != 0) {
+    constexpr int kChunks = ROWS * kChunksPerRow;
+    constexpr int kIters = (kChunks + NTHREADS - 1) / NTHREADS;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int c = tid + it * NTHREADS;
+      if (kChunks % NTHREADS != 0 && c >= kChunks) break;
+      const int r = c / kChunksPerRow;
+      const int cc = c % kChunksPerRow;
+      const bool valid = r < rows_valid;
+      decode_cp_async<L2_HINT>(smem_addr + (r * SSTRIDE + cc * 8) * 2, valid ? gmem + r * gstride + cc * 8 : gmem,
+                               valid ? 16 : 0);
+    }
+  } else {
+    constexpr int kRowStep = NTHREADS / kChunksPerRow;
+    constexpr int kIters = (ROWS + kRowStep - 1) / kRowStep;
+    const int r0 = tid / kChunksPerRow;
+    const int cc = tid % kChunksPerRow;
+    const unsigned int dst = smem_addr + (r0 * SSTRIDE + cc * 8) * 2;
+    const T* src = gmem + r0 * gstride + cc * 8;
+    const long long step = kRowStep * gstride;
+    const bool full = rows_valid >= ROWS;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      if (ROWS % kRowStep != 0 && r0 + it * kRowStep >= ROWS) break;
+      const bool valid = full || r0 + it * kRowStep < rows_valid;
+      decode_cp_async<L2_HINT>(dst + it * kRowStep * SSTRIDE * 2, valid ? src : gmem, valid ? 16 : 0);
+      src += step;
+      asm("" : "+l"(src));
+    }
+  }
+}
+
+template <class Cfg>
+struct DecodeLayout {
+  static constexpr int D = Cfg::D;
+  static constexpr int DV = Cfg::DV;
+  static constexpr int BM = 16;                // rows per CTA: one m16 tile
+  static constexpr int BN = Cfg::BLOCK_N;
+  static constexpr int W = Cfg::NUM_WARPS;
+  static constexpr int STAGES = Cfg::STAGES;
+  static constexpr int NTHREADS = 32 * W;
+  static constexpr int KW = BN / W;            // keys per warp per tile
+  static constexpr int QS = D + 8;             // padded smem row strides (elements)
+  static constexpr int KS = D + 8;
+  static constexpr int VS = DV + 8;
+  static constexpr int NT_S = KW / 8;          // n8 tiles of a warp's S
+  static constexpr int NT_O = DV / 8;
+  static constexpr int KT_QK = D / 16;
+  static constexpr int KT_PV = KW / 16;
+  static constexpr int kQBytes = BM * QS * 2;
+  static constexpr int kKBytes = BN * KS * 2;
+  static constexpr int kStageBytes = BN * (KS + VS) * 2;
+  static constexpr int kSmemBytes = kQBytes + STAGES * kStageBytes;
+  // End-of-loop merge of the warps' (m, l, O), aliasing the K/V stages.
+  static constexpr int OS = DV + 4;            // fp32 row stride of a warp's O
+  static constexpr int kMergeBytes = W * BM * OS * 4 + 2 * W * BM * 4;
+
+  static_assert(D % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16");
+  static_assert(D <= 256 && DV <= 256, "head dims above 256 are not planned");
+  static_assert(BN % (16 * W) == 0, "each warp takes a multiple of 16 keys of a tile");
+  static_assert(STAGES >= 2 && STAGES <= 6, "STAGES is 2..6");
+  static_assert(kMergeBytes <= STAGES * kStageBytes, "the warp merge must fit in the K/V stages");
+};
+
+// Rows [R0, R0 + nrows) of the group cover query heads hg in [R0 / Nq, (R0 + nrows - 1) / Nq]; for head
+// hg, the queries [q_lo, q_hi] below.
+__device__ __forceinline__ void decode_head_rows(int hg, int R0, int nrows, int Nq, int& q_lo, int& q_hi) {
+  q_lo = max(0, R0 - hg * Nq);
+  q_hi = min(Nq - 1, R0 + nrows - 1 - hg * Nq);
+}
+
+// Tile class of [kv_lo, kv_hi] for all the CTA's rows: EMPTY only if EMPTY for every head, FULL only
+// if FULL for every head.
+__device__ __forceinline__ int decode_tile_class(int b, int h0, int R0, int nrows, int kv_lo, int kv_hi,
+                                                 const AttnParams& p, const AttnBuffers& buf) {
+  bool any_visible = false, all_full = true;
+  const int hg_end = (R0 + nrows - 1) / p.Nq;
+  for (int hg = R0 / p.Nq; hg <= hg_end; ++hg) {
+    int q_lo, q_hi;
+    decode_head_rows(hg, R0, nrows, p.Nq, q_lo, q_hi);
+    const int c = Variant::tile_class(b, h0 + hg, q_lo, q_hi, kv_lo, kv_hi, p, buf);
+    any_visible = any_visible || (c != AC_TILE_EMPTY);
+    all_full = all_full && (c == AC_TILE_FULL);
+  }
+  return !any_visible ? AC_TILE_EMPTY : (all_full ? AC_TILE_FULL : AC_TILE_PARTIAL);
+}
+
+// The first block j' >= j (below j_end) not proven EMPTY for the CTA's rows (j_end: none).
+template <int BN>
+__device__ __forceinline__ int decode_next_block(int j, int j_end, int b, int h0, int R0, int nrows,
+                                                 const AttnParams& p, const AttnBuffers& buf) {
+  if constexpr (Variant::kHasMask) {
+    while (j < j_end) {
+      const int kv_lo = j * BN;
+      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
+      if (decode_tile_class(b, h0, R0, nrows, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
+      ++j;
+    }
+  }
+  return j;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuffers& buf, const DecodeParams& dp) {
+  using L = DecodeLayout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  constexpr int BN = L::BN, KW = L::KW, D = L::D, DV = L::DV;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned int smem0 = smem_u32(smem_raw);
+  const unsigned int sK0 = smem0 + L::kQBytes;   // K of stage s: sK0 + s * kStageBytes
+  const unsigned int sV0 = sK0 + L::kKBytes;     // V of stage s: sV0 + s * kStageBytes
+
+  const int split = blockIdx.x;
+  const int b = blockIdx.y / p.H_kv;
+  const int hk = blockIdx.y % p.H_kv;
+  const int R0 = blockIdx.z * L::BM;
+  const int nrows = min(L::BM, dp.rows - R0);
+  const int h0 = hk * dp.group;                  // first query head of the group
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  // Q rows: R -> (head h0 + R / Nq, query R % Nq); rows past the group are zero-filled.
+  {
+    constexpr int kChunks = L::BM * (D / 8);
+    const T* gQ = reinterpret_cast<const T*>(p.q);
+    for (int c = tid; c < kChunks; c += L::NTHREADS) {
+      const int r = c / (D / 8);
+      const int cc = c % (D / 8);
+      const bool valid = r < nrows;
+      const int R = R0 + (valid ? r : 0);
+      const T* src = gQ + b * p.q_sb + (long long)(h0 + R / p.Nq) * p.q_sh + (long long)(R % p.Nq) * p.q_sn + cc * 8;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem0 + (r * L::QS + cc * 8) * 2),
+                   "l"(src), "r"(valid ? 16 : 0));
+    }
+    cp_async_commit();
+  }
+
+  // This split's K/V blocks: the blocks meeting kv_range (union over the CTA's heads) cut into
+  // num_splits chunks of whole tiles.
+  int j_begin = 0, j_end = (p.Nk + BN - 1) / BN;
+  if constexpr (Variant::kHasMask) {
+    int lo = 0x7fffffff, hi = -1;
+    const int hg_end = (R0 + nrows - 1) / p.Nq;
+    for (int hg = R0 / p.Nq; hg <= hg_end; ++hg) {
+      int q_lo, q_hi, l, r;
+      decode_head_rows(hg, R0, nrows, p.Nq, q_lo, q_hi);
+      Variant::kv_range(b, h0 + hg, q_lo, q_hi, p, buf, l, r);
+      l = max(l, 0);
+      r = min(r, p.Nk - 1);
+      if (l <= r) {
+        lo = min(lo, l);
+        hi = max(hi, r);
+      }
+    }
+    j_begin = (lo > hi) ? 0 : lo / BN;
+    j_end = (lo > hi) ? 0 : hi / BN + 1;
+  }
+  const int per = (j_end - j_begin + dp.num_splits - 1) / dp.num_splits;
+  const int my_begin = min(j_end, j_begin + split * per);
+  const int my_end = min(j_end, my_begin + per);
+
+  const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  // Prologue: STAGES - 1 tiles in flight (one commit group each, empty groups keep the count).
+  int j_load = decode_next_block<BN>(my_begin, my_end, b, h0, R0, nrows, p, buf);
+#pragma unroll
+  for (int s = 0; s < L::STAGES - 1; ++s) {
+    if (j_load < my_end) {
+      const int rows = p.Nk - j_load * BN;
+      decode_load_tile<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT>(sK0 + s * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn,
+                                                      p.k_sn, rows, tid);
+      decode_load_tile<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT>(sV0 + s * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn,
+                                                       p.v_sn, rows, tid);
+      j_load = decode_next_block<BN>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+    }
+    cp_async_commit();
+  }
+
+  // Per-thread rows g and g + 8: their query head and query index (rows past the group reuse the
+  // last row's, so the hooks see valid indices; they are never written).
+  int row_h[2], row_q[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int R = R0 + min(g + 8 * hf, nrows - 1);
+    row_h[hf] = h0 + R / p.Nq;
+    row_q[hf] = R % p.Nq;
+  }
+
+  float acc_o[L::NT_O][4];
+#pragma unroll
+  for (int nt = 0; nt < L::NT_O; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[nt][e] = 0.f;
+  }
+  float row_max[2] = {AC_NEG_INF, AC_NEG_INF};  // log2 domain
+  float row_sum[2] = {0.f, 0.f};                // per-thread partial
+  const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
+
+  // ldmatrix bases (bytes, shared state space): Q rows; this warp's keys of a K / V stage.
+  const unsigned int q_base = smem0 + ((lane & 15) * L::QS + (lane >> 4) * 8) * 2;
+  const unsigned int k_base =
+      sK0 + ((warp * KW + (lane & 7) + (lane >> 4) * 8) * L::KS + ((lane >> 3) & 1) * 8) * 2;
+  const unsigned int v_base =
+      sV0 + ((warp * KW + (lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8) * 2;
+
+  unsigned int q_frag[Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
+  cp_async_wait<L::STAGES - 1>();  // Q's group has landed
+  __syncthreads();
+  if constexpr (Cfg::Q_IN_REGS) {
+#pragma unroll
+    for (int kk = 0; kk < L::KT_QK; ++kk) ldmatrix_x4(q_frag[kk], q_base + kk * 16 * 2);
+  }
+
+  int j = decode_next_block<BN>(my_begin, my_end, b, h0, R0, nrows, p, buf);
+  int stage = 0;                   // stage of tile j
+  int load_stage = L::STAGES - 1;  // stage the next load goes to
+  while (j < my_end) {
+    // Tile j has landed; every warp is done with the previous tile's stage, which the load below refills.
+    cp_async_wait<L::STAGES - 2>();
+    __syncthreads();
+    if (j_load < my_end) {
+      const int rows = p.Nk - j_load * BN;
+      decode_load_tile<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT>(sK0 + load_stage * L::kStageBytes,
+                                                      gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
+      decode_load_tile<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT>(sV0 + load_stage * L::kStageBytes,
+                                                       gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
+      j_load = decode_next_block<BN>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+    }
+    cp_async_commit();
+    load_stage = (load_stage + 1 == L::STAGES) ? 0 : load_stage + 1;
+
+    const int kv0 = j * BN + warp * KW;  // this warp's first key
+    const unsigned int soff = stage * L::kStageBytes;
+    int tile = AC_TILE_FULL;
+    if constexpr (Variant::kHasMask) tile = decode_tile_class(b, h0, R0, nrows, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf);
+    const bool need_mask = (tile != AC_TILE_FULL) || (j * BN + BN > p.Nk);
+
+    // S = Q K^T for this warp's KW keys.
+    float acc_s[L::NT_S][4];
+#pragma unroll
+    for (int kk = 0; kk < L::KT_QK; ++kk) {
+      unsigned int a[4];
+      if constexpr (Cfg::Q_IN_REGS) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = q_frag[kk][e];
+      } else {
+        ldmatrix_x4(a, q_base + kk * 16 * 2);
+      }
+#pragma unroll
+      for (int np = 0; np < L::NT_S / 2; ++np) {
+        unsigned int bk[4];
+        ldmatrix_x4(bk, k_base + soff + (np * 16 * L::KS + kk * 16) * 2);
+        if (kk == 0) {
+          mma_16816_zc<Tr::kIsBf16>(acc_s[2 * np], a, bk[0], bk[1]);
+          mma_16816_zc<Tr::kIsBf16>(acc_s[2 * np + 1], a, bk[2], bk[3]);
+        } else {
+          mma_16816<Tr::kIsBf16>(acc_s[2 * np], a, bk[0], bk[1]);
+          mma_16816<Tr::kIsBf16>(acc_s[2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+
+    // score_mod, mask, online-softmax statistics (log2 domain).
+    float m_ref[2], alpha[2];
+    bool changed = false;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+      for (int nt = 0; nt < L::NT_S; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+          float x = acc_s[nt][2 * hf + e];
+          if constexpr (Variant::kHasScoreMod) {
+            x = Variant::score_mod(x * p.scale, b, row_h[hf], row_q[hf], kv_idx, p, buf) * AC_LOG2E;
+          }
+          if (need_mask) {
+            bool visible = kv_idx < p.Nk;
+            if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, row_h[hf], row_q[hf], kv_idx, p, buf);
+            if (!visible) x = AC_NEG_INF;
+          }
+          acc_s[nt][2 * hf + e] = x;
+        }
+      }
+      float m = AC_NEG_INF;
+#pragma unroll
+      for (int nt = 0; nt < L::NT_S; ++nt) m = fmaxf(m, fmaxf(acc_s[nt][2 * hf], acc_s[nt][2 * hf + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float m_old = row_max[hf];
+      const float m_new = fmaxf(m_old, m * exp_scale);
+      m_ref[hf] = (m_new == AC_NEG_INF) ? 0.f : m_new;  // exp2(-inf - 0) = 0, never NaN
+      alpha[hf] = fast_exp2(m_old - m_ref[hf]);
+      changed = changed || (m_new != m_old);
+      row_max[hf] = m_new;
+      row_sum[hf] *= alpha[hf];
+    }
+    if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+      for (int nt = 0; nt < L::NT_O; ++nt) {
+        acc_o[nt][0] *= alpha[0];
+        acc_o[nt][1] *= alpha[0];
+        acc_o[nt][2] *= alpha[1];
+        acc_o[nt][3] *= alpha[1];
+      }
+    }
+
+    // P = exp2(S - m) (summed into l before dropout), dropout, O += P V.
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float* c = acc_s[2 * kk + n];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[e] = fast_exp2(fmaf(c[e], exp_scale, -m_ref[e >> 1]));
+        row_sum[0] += c[0] + c[1];
+        row_sum[1] += c[2] + c[3];
+        if constexpr (Variant::kHasDropout) {
+          // Rows are (head, query) pairs, so the four elements of a thread need not share a Philox
+          // counter: one call per element (docs/architecture.md's stream, element by element).
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kv_idx = kv0 + (2 * kk + n) * 8 + 2 * t + (e & 1);
+            const bool keep = ac_dropout_keep(p, b, row_h[e >> 1], row_q[e >> 1], kv_idx);
+            c[e] *= keep ? p.dropout_rescale : 0.f;
+          }
+        }
+      }
+      unsigned int a[4];
+      a[0] = Tr::pack2(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+      a[1] = Tr::pack2(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+      a[2] = Tr::pack2(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+      a[3] = Tr::pack2(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < L::NT_O / 2; ++np) {
+        unsigned int bv[4];
+        ldmatrix_x4_trans(bv, v_base + soff + (kk * 16 * L::VS + np * 16) * 2);
+        mma_16816<Tr::kIsBf16>(acc_o[2 * np], a, bv[0], bv[1]);
+        mma_16816<Tr::kIsBf16>(acc_o[2 * np + 1], a, bv[2], bv[3]);
+      }
+    }
+
+    stage = (stage + 1 == L::STAGES) ? 0 : stage + 1;
+    j = decode_next_block<BN>(j + 1, my_end, b, h0, R0, nrows, p, buf);
+  }
+
+  // Merge the warps' (m, l, O) through shared memory (aliasing the K/V stages: drain every copy first).
+  cp_async_wait<0>();
+  __syncthreads();
+  float* sO = reinterpret_cast<float*>(smem_raw + L::kQBytes);  // [W][BM][OS]
+  float* sM = sO + L::W * L::BM * L::OS;                         // [W][BM]
+  float* sL = sM + L::W * L::BM;                                 // [W][BM]
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = g + 8 * hf;
+#pragma unroll
+    for (int nt = 0; nt < L::NT_O; ++nt) {
+      *reinterpret_cast<float2*>(sO + (warp * L::BM + r) * L::OS + nt * 8 + 2 * t) =
+          make_float2(acc_o[nt][2 * hf], acc_o[nt][2 * hf + 1]);
+    }
+    if (t == 0) {
+      sM[warp * L::BM + r] = row_max[hf];
+      sL[warp * L::BM + r] = l;
+    }
+  }
+  __syncthreads();
+
+  // Each thread: one row and 8 consecutive columns at a time.
+  constexpr int kColChunks = DV / 8;
+  const bool direct = dp.num_splits == 1;
+  const long long part_rows = (long long)dp.total_rows;
+  for (int c = tid; c < L::BM * kColChunks; c += L::NTHREADS) {
+    const int r = c / kColChunks;
+    const int c0 = (c % kColChunks) * 8;
+    if (r >= nrows) continue;
+    float m = AC_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < L::W; ++w) m = fmaxf(m, sM[w * L::BM + r]);
+    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float l = 0.f;
+    if (m != AC_NEG_INF) {
+#pragma unroll
+      for (int w = 0; w < L::W; ++w) {
+        const float sc = fast_exp2(sM[w * L::BM + r] - m);  // a warp still at -inf: 0
+        l += sc * sL[w * L::BM + r];
+        const float4 x0 = *reinterpret_cast<const float4*>(sO + (w * L::BM + r) * L::OS + c0);
+        const float4 x1 = *reinterpret_cast<const float4*>(sO + (w * L::BM + r) * L::OS + c0 + 4);
+        o[0] += sc * x0.x; o[1] += sc * x0.y; o[2] += sc * x0.z; o[3] += sc * x0.w;
+        o[4] += sc * x1.x; o[5] += sc * x1.y; o[6] += sc * x1.z; o[7] += sc * x1.w;
+      }
+    }
+    const float inv = (l > 0.f) ? 1.f / l : 0.f;
+    const float lse = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+    const int R = R0 + r;
+    const int h = h0 + R / p.Nq;
+    const int qi = R % p.Nq;
+    const long long row = ((long long)b * p.H + h) * p.Nq + qi;
+    if (direct) {
+      T* gO = reinterpret_cast<T*>(p.o) + b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_sn + c0;
+      uint4 v;
+      v.x = Tr::pack2(o[0] * inv, o[1] * inv);
+      v.y = Tr::pack2(o[2] * inv, o[3] * inv);
+      v.z = Tr::pack2(o[4] * inv, o[5] * inv);
+      v.w = Tr::pack2(o[6] * inv, o[7] * inv);
+      *reinterpret_cast<uint4*>(gO) = v;
+      if (c0 == 0 && p.lse != nullptr) p.lse[row] = lse;
+    } else {
+      float* wO = p.workspace + ((long long)split * part_rows + row) * DV + c0;
+      *reinterpret_cast<float4*>(wO) = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+      *reinterpret_cast<float4*>(wO + 4) = make_float4(o[4] * inv, o[5] * inv, o[6] * inv, o[7] * inv);
+      if (c0 == 0) p.workspace[(long long)dp.num_splits * part_rows * DV + (long long)split * part_rows + row] = lse;
+    }
+  }
+}
+
+// One warp per output row: merge the num_splits (<= MAX_SPLITS) partial results by their LSE. The
+// splits' weights exp(lse_s - LSE) go through shared memory; the partial O rows are read 8 splits at a
+// time (independent loads in flight: the reads hit L2, just written by the split kernel).
+template <int DV, int WARPS, int MAX_SPLITS>
+__device__ __forceinline__ void decode_combine(const AttnParams& p, const DecodeParams& dp) {
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  static_assert(DV % 4 == 0, "DV must be a multiple of 4");
+  __shared__ float s_w[WARPS][MAX_SPLITS];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const long long row = (long long)blockIdx.x * WARPS + warp;
+  if (row >= dp.total_rows) return;  // warp-uniform; no block-wide barrier follows
+  const int S = min(dp.num_splits, MAX_SPLITS);
+  const long long R = dp.total_rows;
+  const float* part_lse = p.workspace + (long long)dp.num_splits * R * DV;
+
+  float m = AC_NEG_INF;
+  for (int s = lane; s < S; s += 32) m = fmaxf(m, part_lse[(long long)s * R + row]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  float sum = 0.f;
+  if (m != AC_NEG_INF) {
+    for (int s = lane; s < S; s += 32) sum += __expf(part_lse[(long long)s * R + row] - m);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const bool empty = !(m != AC_NEG_INF && sum > 0.f);
+  const float lse = empty ? AC_NEG_INF : m + __logf(sum);
+  // exp(-inf - lse) = 0: a split with no visible key (its partial O is 0) contributes nothing.
+  for (int s = lane; s < S; s += 32) s_w[warp][s] = empty ? 0.f : __expf(part_lse[(long long)s * R + row] - lse);
+  __syncwarp();
+
+  const int qi = static_cast<int>(row % p.Nq);
+  const int h = static_cast<int>((row / p.Nq) % p.H);
+  const int b = static_cast<int>(row / ((long long)p.Nq * p.H));
+  T* gO = reinterpret_cast<T*>(p.o) + b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_sn;
+  const float* part_o = p.workspace + row * DV;
+  for (int c0 = lane * 4; c0 < DV; c0 += 128) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < S; s0 += 8) {
+      float4 x[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        x[u] = (s0 + u < S) ? *reinterpret_cast<const float4*>(part_o + (long long)(s0 + u) * R * DV + c0)
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float wgt = (s0 + u < S) ? s_w[warp][s0 + u] : 0.f;
+        acc.x += wgt * x[u].x; acc.y += wgt * x[u].y; acc.z += wgt * x[u].z; acc.w += wgt * x[u].w;
+      }
+    }
+    uint2 v;
+    v.x = Tr::pack2(acc.x, acc.y);
+    v.y = Tr::pack2(acc.z, acc.w);
+    *reinterpret_cast<uint2*>(gO + c0) = v;
+  }
+  if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+}
+
+}  // namespace ac

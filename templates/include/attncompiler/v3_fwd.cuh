@@ -1,0 +1,470 @@
+// attncompiler/v3_fwd.cuh -- FlashAttention-3 style forward (sm_90a): TMA + wgmma + warp specialization.
+//
+// Grid (num_q_blocks, B*H); a CTA of (1 + NC) warpgroups owns BLOCK_M = 64*NC query rows of one
+// (batch, head):
+//   * warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
+//     copies: the Q tile once, then K_j and V_j of every visited K/V block into a ring of STAGES
+//     shared-memory stages. Each stage has two "full" mbarriers (K, V: the copies complete their
+//     bytes on them) and two "empty" ones (every consumer thread arrives once its Q K^T, resp. its
+//     P V, of the stage is done), so K slots free up a whole softmax earlier than V slots.
+//   * warpgroups 1..NC, the consumers (setmaxnreg.inc), each own 64 query rows; S = Q K^T and
+//     O += P V run on wgmma with the accumulators in registers (S: BLOCK_N/2, O: DV/2 floats per
+//     thread) and P fed to the second GEMM from registers.
+// Consumer loop (per warpgroup), for visited block i (K/V stage s_i):
+//     wait K_i;  [turn]  issue S_i = Q K_i^T;  wait V_{i-1};  issue O += P_{i-1} V_{i-1};  [grant]
+//     wgmma.wait 1 (S_i done) -> score_mod, mask, online softmax of S_i in fp32 (exp2, scale folded)
+//     wgmma.wait 0 (PV done)  -> release stage s_{i-1}; O *= alpha_i; P_i = bf16(exp(S_i - m_i))
+// so the softmax of block i overlaps the P V GEMM of block i-1 inside a warpgroup, and with two
+// consumers the [turn]/[grant] named barriers (ping-pong) make the warpgroups issue their GEMMs
+// in alternation: one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+// Visited blocks: those meeting Variant::kv_range of the CTA's rows, minus the ones tile_class
+// proves EMPTY; a block is run through the masked softmax only when the warpgroup's rows make it
+// PARTIAL or it is the ragged last block (TMA zero-fills rows >= Nk; their scores are masked).
+//
+// Shared memory (from a 1024-byte aligned base; 128-byte swizzle, so every tile is made of
+// 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
+//   Q: D/64 boxes of BLOCK_M rows | per stage: K (D/64 boxes of BLOCK_N rows), V (DV/64 boxes) |
+//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES].
+// wgmma operands: Q and K are K-major (the head dim is contiguous; descriptor SBO = 1024 between
+// 8-row groups, a k16 step advances the start address 32 bytes inside the 128-byte row); V is
+// MN-major for O += P V (transposed B: LBO = BLOCK_N*128 between 64-column boxes, SBO = 1024
+// between 8-row groups of keys, a k16 step advances 2048 bytes).
+//
+// Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
+// and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
+// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS.
+#pragma once
+
+namespace ac {
+
+struct V3Maps {
+  TmaDesc q, k, v;  // 4-d tensor maps (head dim, seqlen, heads, batch) of q, k, v
+};
+
+template <class Cfg>
+struct V3Layout {
+  static constexpr int D = Cfg::D;
+  static constexpr int DV = Cfg::DV;
+  static constexpr int BM = Cfg::BLOCK_M;
+  static constexpr int BN = Cfg::BLOCK_N;
+  static constexpr int STAGES = Cfg::STAGES;
+  static constexpr int NC = Cfg::NC;                  // consumer warpgroups
+  static constexpr int NTHREADS = 128 * (NC + 1);
+  static constexpr int BOX_COLS = 64;                 // 128 bytes: the 128-byte swizzle's row
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kKBytes = BN * D * 2;
+  static constexpr int kVBytes = BN * DV * 2;
+  static constexpr int kStageBytes = kKBytes + kVBytes;
+  static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
+  static constexpr int kNumBars = 1 + 4 * STAGES;
+  static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
+  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
+  static constexpr int NS = BN / 2;                   // S accumulator floats per thread
+  static constexpr int NO = DV / 2;                   // O accumulator floats per thread
+  static constexpr int KT_PV = BN / 16;               // k16 steps of P V
+
+  static_assert(D % 64 == 0 && DV % 64 == 0, "v3 tiles head dims in 64-column (128-byte) TMA boxes");
+  static_assert(D <= 256 && DV <= 256, "wgmma N and TMA box rows are at most 256");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N: a multiple of 16 in [16, 256]");
+  static_assert(BM == 64 * NC && (NC == 1 || NC == 2), "each consumer warpgroup owns 64 query rows");
+  static_assert(STAGES >= 1 && STAGES <= 4, "K/V stages");
+  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "1024-byte aligned tiles");
+  static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
+};
+
+// The K/V blocks [j_begin, j_end) that can hold a key visible from query rows [q_lo, q_hi].
+template <int BN>
+__device__ __forceinline__ void v3_block_range(int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                               const AttnBuffers& buf, int& j_begin, int& j_end) {
+  j_begin = 0;
+  j_end = (p.Nk + BN - 1) / BN;
+  if constexpr (Variant::kHasMask) {
+    int lo, hi;
+    Variant::kv_range(b, h, q_lo, q_hi, p, buf, lo, hi);
+    lo = max(lo, 0);
+    hi = min(hi, p.Nk - 1);
+    j_begin = lo / BN;
+    j_end = (lo > hi) ? 0 : hi / BN + 1;
+  }
+}
+
+// The first block j' >= j below j_end that tile_class does not prove EMPTY for rows [q_lo, q_hi].
+template <int BN>
+__device__ __forceinline__ int v3_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                             const AttnBuffers& buf) {
+  if constexpr (Variant::kHasMask) {
+    while (j < j_end) {
+      const int kv_lo = j * BN;
+      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
+      if (Variant::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
+      ++j;
+    }
+  }
+  return j;
+}
+
+// Per-thread state of one consumer warpgroup.
+template <class Cfg>
+struct V3Consumer {
+  using L = V3Layout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  static constexpr int NS = L::NS, NO = L::NO, BN = L::BN;
+
+  float acc_o[NO];
+  float acc_s[NS];
+  unsigned int p_frag[L::KT_PV][4];
+  float row_max[2];  // log2 domain
+  float row_sum[2];  // this thread's partial sums (reduced over the quad in the epilogue)
+
+  // S = Q K^T (issued, not waited): Q rows [64*wg, 64*wg + 64) of the Q tile, K of one stage.
+  // Descriptors are a base descriptor plus the byte offset >> 4 (the start address field is the
+  // low 14 bits and never carries: shared addresses < 256 KB); the base goes through an opaque move
+  // so the compiler recomputes the per-step descriptors (uniform adds) instead of keeping D/8 of them
+  // live across the loop.
+  __device__ __forceinline__ void issue_qk(unsigned int sQ, unsigned int sK, int wg) {
+    reg_fence(acc_s);
+    const unsigned long long dq = opaque_u64(wgmma_desc_sw128(sQ + wg * 64 * 128, 16, 1024));
+    const unsigned long long dk = opaque_u64(wgmma_desc_sw128(sK, 16, 1024));
+#pragma unroll
+    for (int kk = 0; kk < L::D / 16; ++kk) {
+      const unsigned int box = kk / 4, off = (kk % 4) * 32;
+      wgmma_qk(acc_s, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + off) >> 4), kk > 0 ? 1 : 0);
+    }
+    reg_fence(acc_s);
+  }
+
+  // O += P V (issued, not waited): P from registers, V of one stage as the transposed B.
+  __device__ __forceinline__ void issue_pv(unsigned int sV) {
+    reg_fence(acc_o);
+    const unsigned long long dv = opaque_u64(wgmma_desc_sw128(sV, BN * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) wgmma_pv(acc_o, p_frag[kk], dv + ((kk * 16 * 128) >> 4));
+    reg_fence(acc_o);
+  }
+
+  // score_mod, mask (kMasked), the online-softmax update of one S tile, then S <- exp2(S - m) in
+  // place (summed into l; dropout comes in convert_p). alpha: the rescale of the previous O and l.
+  template <bool kMasked>
+  __device__ __forceinline__ void softmax(int kv0, int row0, float exp_scale, int b, int h, const AttnParams& p,
+                                          const AttnBuffers& buf, float (&alpha)[2]) {
+    const int t = threadIdx.x & 3;
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int q_idx = row0 + g + 8 * hf;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+          float x = acc_s[4 * nt + 2 * hf + e];
+          if constexpr (Variant::kHasScoreMod) {
+            x = Variant::score_mod(x * p.scale, b, h, q_idx, kv_idx, p, buf) * AC_LOG2E;
+          }
+          if constexpr (kMasked) {
+            bool visible = kv_idx < p.Nk;
+            if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
+            if (!visible) x = AC_NEG_INF;
+          }
+          acc_s[4 * nt + 2 * hf + e] = x;
+        }
+      }
+      float mx[BN / 8];
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx[nt] = fmaxf(acc_s[4 * nt + 2 * hf], acc_s[4 * nt + 2 * hf + 1]);
+#pragma unroll
+      for (int w = 1; w < BN / 8; w *= 2) {
+#pragma unroll
+        for (int nt = 0; nt + w < BN / 8; nt += 2 * w) mx[nt] = fmaxf(mx[nt], mx[nt + w]);
+      }
+      float m = mx[0];
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float m_old = row_max[hf];
+      const float m_new = fmaxf(m_old, m * exp_scale);
+      // A row with no visible key so far keeps m = -inf; 0 as the reference keeps exp2 NaN-free.
+      const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
+      alpha[hf] = fast_exp2(m_old - m_ref);
+      row_max[hf] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        float* c = &acc_s[4 * nt + 2 * hf];
+        c[0] = fast_exp2(fmaf(c[0], exp_scale, -m_ref));
+        c[1] = fast_exp2(fmaf(c[1], exp_scale, -m_ref));
+        sum += c[0] + c[1];
+      }
+      row_sum[hf] = row_sum[hf] * alpha[hf] + sum;
+    }
+  }
+
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NO / 4; ++nt) {
+      acc_o[4 * nt + 0] *= alpha[0];
+      acc_o[4 * nt + 1] *= alpha[0];
+      acc_o[4 * nt + 2] *= alpha[1];
+      acc_o[4 * nt + 3] *= alpha[1];
+    }
+  }
+
+  // P's A fragments for the k16 steps of P V: the C layout of two adjacent n8 tiles of S is the
+  // A layout of one k16 step (per warp, as for mma.sync m16n8k16).
+  // Dropout is applied here, after the previous P V retired its P registers (fewer live registers
+  // than during the softmax): one Philox call per (m16, n8) tile covers this thread's four elements
+  // (docs/architecture.md).
+  __device__ __forceinline__ void convert_p(int kv0, int row0, int b, int h, const AttnParams& p) {
+    if constexpr (Variant::kHasDropout) {
+      const int t = threadIdx.x & 3;
+      const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        const ac_u32x4 w = ac_dropout_words(p, b, h, row0 + g, kv0 + nt * 8 + 2 * t);
+        acc_s[4 * nt + 0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        acc_s[4 * nt + 1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        acc_s[4 * nt + 2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        acc_s[4 * nt + 3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) {
+      p_frag[kk][0] = Tr::pack2(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+      p_frag[kk][1] = Tr::pack2(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+      p_frag[kk][2] = Tr::pack2(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+      p_frag[kk][3] = Tr::pack2(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+    }
+  }
+
+  __device__ __forceinline__ void softmax_sel(bool masked, int kv0, int row0, float exp_scale, int b, int h,
+                                              const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
+    if (masked) {
+      softmax<true>(kv0, row0, exp_scale, b, h, p, buf, alpha);
+    } else {
+      softmax<false>(kv0, row0, exp_scale, b, h, p, buf, alpha);
+    }
+  }
+};
+
+// The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue.
+constexpr int kTurnBar = 1;
+
+template <class Cfg>
+__device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const V3Maps& maps) {
+  using L = V3Layout<Cfg>;
+  constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const unsigned int base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const unsigned int sQ = base;
+  const unsigned int sKV0 = base + L::kQBytes;  // K of stage s: sKV0 + s*kStageBytes, V: + kKBytes
+  const unsigned int bars = base + L::kBarOffset;
+  const unsigned int barQ = bars;
+  auto full_k = [&](int s) { return bars + 8u * (1 + s); };
+  auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
+  auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
+  auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * STAGES + s); };
+
+  const int q_block = gridDim.x - 1 - blockIdx.x;  // heaviest (for causal: last) query blocks first
+  const int bh = blockIdx.y;
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const int h_kv = h / (p.H / p.H_kv);
+  const int q0 = q_block * BM;
+  const int q_hi = min(q0 + BM, p.Nq) - 1;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    mbar_init(barQ, 1);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), NC * 128);
+      mbar_init(empty_v(s), NC * 128);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  int j_begin, j_end;
+  v3_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
+  j_begin = v3_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+
+  if (warp < 4) {
+    // ---------------- producer warpgroup ----------------
+    setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_desc(&maps.q);
+      tma_prefetch_desc(&maps.k);
+      tma_prefetch_desc(&maps.v);
+      mbar_arrive_expect_tx(barQ, L::kQBytes);
+#pragma unroll
+      for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
+      // Copies in the order the consumers use them: K_0, then K_i before V_{i-1} (iteration i issues
+      // S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V. Block i takes slot i % STAGES of
+      // both rings; a slot is refilled once every consumer thread released it.
+      int s = 0, i = 0, s_prev = 0, j_prev = -1;
+      unsigned int phase = 0, phase_prev = 0;
+      auto load_v = [&](int jv, int sv, unsigned int ph, int iv) {
+        if (iv >= STAGES) mbar_wait(empty_v(sv), ph ^ 1u);
+        const unsigned int sV = sKV0 + sv * L::kStageBytes + L::kKBytes;
+        mbar_arrive_expect_tx(full_v(sv), L::kVBytes);
+#pragma unroll
+        for (int c = 0; c < L::DV / 64; ++c) tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, jv * BN, h_kv, b, full_v(sv));
+      };
+      for (int j = j_begin; j < j_end; j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
+        if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
+        const unsigned int sK = sKV0 + s * L::kStageBytes;
+        mbar_arrive_expect_tx(full_k(s), L::kKBytes);
+#pragma unroll
+        for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
+        if (j_prev >= 0) load_v(j_prev, s_prev, phase_prev, i - 1);
+        j_prev = j;
+        s_prev = s;
+        phase_prev = phase;
+        if (++s == STAGES) {
+          s = 0;
+          phase ^= 1u;
+        }
+      }
+      if (j_prev >= 0) load_v(j_prev, s_prev, phase_prev, i - 1);
+    }
+    return;
+  }
+
+  // ---------------- consumer warpgroups ----------------
+  setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+  const int wg = (threadIdx.x >> 7) - 1;
+  const int warp_wg = warp & 3;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
+  const int wq_hi = min(wq_lo + 63, p.Nq - 1);
+  const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
+  const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
+  const bool has_blocks = j_begin < j_end;
+  constexpr bool kPingPong = (NC == 2);
+  // Ping-pong: warpgroup 1 grants warpgroup 0 the first turn; each grant after a turn passes it on,
+  // except warpgroup 1's last (which nobody would wait for).
+  auto turn_wait = [&]() {
+    if constexpr (kPingPong) named_bar_sync(kTurnBar + wg, 256);
+  };
+  auto turn_grant = [&](bool last) {
+    if constexpr (kPingPong) {
+      if (!(last && wg == NC - 1)) named_bar_arrive(kTurnBar + (wg ^ 1), 256);
+    }
+  };
+
+  V3Consumer<Cfg> st;
+#pragma unroll
+  for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
+  st.row_max[0] = st.row_max[1] = AC_NEG_INF;
+  st.row_sum[0] = st.row_sum[1] = 0.f;
+
+  // Whether block j needs the masked softmax for this warpgroup's rows.
+  auto needs_mask = [&](int j) -> bool {
+    const int kv0 = j * BN;
+    if (kv0 + BN > p.Nk) return true;
+    if constexpr (Variant::kHasMask) {
+      if (wq_lo > wq_hi) return true;  // no valid rows (results unused)
+      return Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
+    }
+    return false;
+  };
+
+  mbar_wait(barQ, 0);  // always: the Q copy must land before the CTA may exit
+  if (has_blocks) {
+    if (kPingPong && wg == 1) named_bar_arrive(kTurnBar + 0, 256);
+    int s = 0;
+    unsigned int phase = 0;
+    int j = j_begin;
+    // Block 0: S_0 only.
+    mbar_wait(full_k(s), phase);
+    turn_wait();
+    wgmma_fence();
+    st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
+    wgmma_commit();
+    turn_grant(false);
+    wgmma_wait<0>();
+    reg_fence(st.acc_s);
+    mbar_arrive(empty_k(s));
+    {
+      float alpha[2];
+      st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
+      st.convert_p(j * BN, row0, b, h, p);
+    }
+    int s_prev = s;
+    unsigned int phase_prev = phase;
+    if (++s == STAGES) {
+      s = 0;
+      phase ^= 1u;
+    }
+    j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+    while (j < j_end) {
+      mbar_wait(full_k(s), phase);
+      turn_wait();
+      wgmma_fence();
+      st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
+      wgmma_commit();
+      mbar_wait(full_v(s_prev), phase_prev);
+      st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+      wgmma_commit();
+      turn_grant(false);
+      wgmma_wait<1>();
+      reg_fence(st.acc_s);
+      mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
+      float alpha[2];
+      st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
+      wgmma_wait<0>();
+      reg_fence(st.acc_o);
+      mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
+      st.rescale_o(alpha);
+      st.convert_p(j * BN, row0, b, h, p);
+      s_prev = s;
+      phase_prev = phase;
+      if (++s == STAGES) {
+        s = 0;
+        phase ^= 1u;
+      }
+      j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+    }
+    // The last block's P V.
+    mbar_wait(full_v(s_prev), phase_prev);
+    turn_wait();
+    wgmma_fence();
+    st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+    wgmma_commit();
+    turn_grant(true);
+    wgmma_wait<0>();
+    reg_fence(st.acc_o);
+    mbar_arrive(empty_v(s_prev));
+  }
+
+  // Epilogue: O / l straight from the accumulators (rows >= Nq are not written); LSE = (m + log2 l)
+  // * ln 2; rows with no visible key get O = 0 and LSE = -inf.
+  using Tr = ac_type_traits<ac_elem_t>;
+  ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = st.row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = (l > 0.f) ? 1.f / l : 0.f;
+    const int r = row0 + g + 8 * hf;
+    if (r < p.Nq) {
+      ac_elem_t* orow = gO + (long long)r * p.o_sn;
+#pragma unroll
+      for (int nt = 0; nt < L::NO / 4; ++nt) {
+        *reinterpret_cast<unsigned int*>(orow + nt * 8 + 2 * t) =
+            Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv, st.acc_o[4 * nt + 2 * hf + 1] * inv);
+      }
+      if (p.lse != nullptr && t == 0) {
+        const float m = st.row_max[hf];
+        p.lse[(long long)bh * p.Nq + r] = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+      }
+    }
+  }
+}
+
+}  // namespace ac

@@ -1,0 +1,161 @@
+"""GPU: the split-KV decode schedule against the float64 reference (error-ratio rule), the automatic
+pick for small Nq, and autograd through a decode forward (v2 backward from its out and lse).
+
+Run on a GPU machine with ``python3 -m pytest -m gpu tests/test_gpu_decode.py``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.plan.decode import DECODE_MIN_KV
+from attncompiler.runtime import decode as rt
+from attncompiler.runtime.launch import AttnInputs
+from attncompiler.spec import presets
+from attncompiler.testing import check_kernel, check_kernel_grads
+
+pytestmark = pytest.mark.gpu
+
+NQS = (1, 3, 16)
+NKS = (1, 113, 4099, 65537)
+
+
+def _spec(name: str, head_dim: int = 128, dtype: str = "bf16", H: int = 4, seqlen: int = 4099) -> ac.AttentionSpec:
+    if name == "dropout":
+        return ac.AttentionSpec(head_dim=head_dim, dtype=dtype, dropout_p=0.2, name="dropout")
+    return presets.get_preset(name, head_dim=head_dim, dtype=dtype, num_heads=H, seqlen=seqlen)
+
+
+def _splits(kern, B, H, H_kv, Nq, Nk) -> int:
+    return rt.split_choice(kern.plan, AttnInputs(B, H, H_kv, Nq, Nk, kern.ir.head_dim, kern.ir.head_dim_v)).num_splits
+
+
+@pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "alibi", "softcap"])
+def test_decode_presets_shapes(name):
+    """Nq in {1, 3, 16} x Nk in {1, 113, 4099, 65537}: one split (direct write) and many (combine)."""
+    kern = ac.compile(_spec(name), "decode")
+    seen = set()
+    for nk in NKS:
+        for nq in NQS:
+            res = check_kernel(kern, 2, 4, nq, nk, seed=nq * 7 + nk)
+            assert res.ok, f"{name} Nq={nq} Nk={nk}: {res}"
+            seen.add(_splits(kern, 2, 4, 4, nq, nk) > 1)
+    assert seen == {False, True}, "expected both the direct (1 split) and the combine path to run"
+
+
+@pytest.mark.parametrize("name", ["prefix_lm", "document", "dropout"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_decode_other_variants(name, dtype):
+    kern = ac.compile(_spec(name, dtype=dtype), "decode")
+    for nq, nk in ((1, 4099), (16, 4099), (3, 113)):
+        res = check_kernel(kern, 2, 4, nq, nk)
+        assert res.ok, f"{name} {dtype} Nq={nq} Nk={nk}: {res}"
+
+
+@pytest.mark.parametrize("H_kv", [8, 1])
+@pytest.mark.parametrize("name", ["plain", "causal", "alibi"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_gqa_mqa(H_kv, name, dtype, head_dim):
+    """H=32 query heads over 8 (GQA) or 1 (MQA) K/V heads: the group's heads share the M rows."""
+    kern = ac.compile(_spec(name, head_dim, dtype, H=32), "decode")
+    for nq, nk in ((1, 65537), (16, 4099), (3, 113)):
+        # ALiBi's bias reaches slope * Nk (~5.5e4 for the first of 32 heads at 64k keys), where one
+        # float32 ulp of the score is ~4e-3: the LSE (~ the largest score) is checked to 4 ulps there.
+        lse_tol = 2e-3 + (4 * 2.0**-23 * nk if name == "alibi" else 0.0)
+        res = check_kernel(kern, 1, 32, nq, nk, H_kv=H_kv, lse_tol=lse_tol)
+        assert res.ok, f"{name} {dtype} d={head_dim} H_kv={H_kv} Nq={nq} Nk={nk}: {res}"
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+def test_decode_head_dims(head_dim):
+    for name in ("plain", "causal", "softcap"):
+        kern = ac.compile(_spec(name, head_dim), "decode")
+        for nq, nk in ((1, 4099), (5, 1023)):
+            res = check_kernel(kern, 2, 4, nq, nk, H_kv=2)
+            assert res.ok, f"{name} d={head_dim} Nq={nq} Nk={nk}: {res}"
+
+
+def test_decode_bnhd_layout():
+    kern = ac.compile(_spec("causal"), "decode")
+    res = check_kernel(kern, 2, 8, 3, 4099, H_kv=2, layout="bnhd")
+    assert res.ok, str(res)
+
+
+def test_decode_fully_masked_rows():
+    """Heads 1 and 2 see no key: O = 0 and LSE = -inf (never NaN), with one split and with many."""
+    spec = ac.AttentionSpec(head_dim=128, mask_mod=lambda b, h, q_idx, kv_idx: (h < 1) | (h > 2), name="holes")
+    kern = ac.compile(spec, "decode")
+    for nk in (113, 65537):
+        q, k, v = (torch.randn(2, 4, n, 128, device="cuda", dtype=torch.bfloat16) for n in (3, nk, nk))
+        out = torch.full_like(q, float("nan"))
+        _, lse = kern(q, k, v, out=out, return_lse=True)
+        assert not torch.isnan(out).any()
+        assert (out[:, 1:3] == 0).all()
+        assert torch.isneginf(lse[:, 1:3]).all() and torch.isfinite(lse[:, [0, 3]]).all()
+        res = check_kernel(kern, 2, 4, 3, nk)
+        assert res.ok, str(res)
+
+
+def test_decode_window_at_the_end():
+    """A 256-key window at the end of a 128k K/V (bottom-right for Nq = 1): kv_range confines the splits
+    to the window; also a window in the middle and the top-left sliding_window preset (key 0 only)."""
+    nk = 131073
+    for lo, hi in ((nk - 256, nk - 1), (70000, 70999)):
+        spec = ac.AttentionSpec(head_dim=128, mask_mod=lambda b, h, q_idx, kv_idx, lo=lo, hi=hi:
+                                (kv_idx >= q_idx + lo) & (kv_idx <= q_idx + hi), name=f"win{lo}")
+        res = check_kernel(ac.compile(spec, "decode"), 1, 8, 1, nk, H_kv=2)
+        assert res.ok, f"window [{lo}, {hi}]: {res}"
+    res = check_kernel(ac.compile(presets.sliding_window(256, 128), "decode"), 1, 8, 2, nk, H_kv=2)
+    assert res.ok, str(res)
+
+
+def test_auto_picks_decode_for_small_nq():
+    spec = presets.causal(128)
+    kern = ac.compile(spec)  # schedule="auto"
+    assert kern.auto_decode
+    res = check_kernel(kern, 2, 8, 16, 1023, H_kv=2)  # Nk >= 512, Nq <= 16: decode
+    assert res.ok, str(res)
+    assert kern._decode is not None and kern._decode.schedule == "decode"
+    kern2 = ac.compile(presets.softcap(20.0, 128))
+    res = check_kernel(kern2, 2, 8, 17, 4099, H_kv=2)  # Nq > 16: the prefill schedule
+    assert res.ok, str(res)
+    assert kern2._decode is None
+    res = check_kernel(kern2, 2, 8, 1, DECODE_MIN_KV - 1, H_kv=2)  # short K/V: the prefill schedule
+    assert res.ok and kern2._decode is None, str(res)
+    assert ac.compile(spec, "v2")._decode is None and not ac.compile(spec, "v2").auto_decode
+
+
+def test_functional_attention_decode_matches_v2():
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 8, 32768, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o, lse = ac.attention(q, k, v, causal=True, return_lse=True)
+    o2, lse2 = ac.attention(q, k, v, causal=True, return_lse=True, schedule="v2")
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(4, 1),
+                                                           v.float().repeat_interleave(4, 1))
+    assert (o.float() - ref).abs().max() <= 2 * (o2.float() - ref).abs().max() + 1e-3
+    assert (lse - lse2).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("name", ["causal", "alibi", "softcap"])
+@pytest.mark.parametrize("use_lse", [False, True])
+def test_autograd_through_decode(name, use_lse):
+    """schedule="auto" with Nq <= 16 and a long K/V runs decode forward; the v2 backward uses its lse."""
+    kern = ac.compile(_spec(name, H=8))
+    res = check_kernel_grads(kern, 2, 8, 3, 1500, H_kv=2, use_lse=use_lse)
+    assert kern._decode is not None, "expected the decode schedule to serve the forward"
+    assert res.ok, f"{name}: {res}"
+
+
+def test_decode_side_stream():
+    """The two launches run on torch's current stream (a side stream gives the same bits)."""
+    kern = ac.compile(presets.causal(128), "decode")
+    q = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 20000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    want = kern(q, k, v)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = kern(q, k, v)
+    s.synchronize()
+    assert torch.equal(got, want)

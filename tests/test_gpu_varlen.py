@@ -1,0 +1,171 @@
+"""GPU: packed sequences (cu_seqlens), forward and backward, against the float64 reference.
+
+Sequence lengths include empty sequences, a sequence with queries but no keys, one with keys but
+no queries, 1, 113 and 1023 (multiples of no block size).  Run with ``python3 -m pytest -m gpu``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.runtime.launch import InputError
+from attncompiler.spec import presets
+from attncompiler.testing_varlen import check_varlen_grads, check_varlen_kernel, make_varlen_inputs
+
+pytestmark = pytest.mark.gpu
+
+SEQ_Q = (0, 1, 113, 1023, 7, 256)
+SEQ_K = (5, 0, 200, 1023, 64, 300)  # cross attention: b=0 keys without queries, b=1 a query without keys
+NB = len(SEQ_Q)
+MAXLEN = 1023
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _spec(name: str, head_dim: int, dtype: str) -> ac.AttentionSpec:
+    g = _gen(7)
+    if name in ("plain", "causal"):
+        return presets.get_preset(name, head_dim=head_dim, dtype=dtype)
+    if name == "sliding_window":
+        return presets.sliding_window(64, head_dim, dtype=dtype)
+    if name == "prefix_lm":
+        return presets.prefix_lm(37, head_dim, dtype=dtype)
+    if name == "prefix_per_seq":  # each sequence its own prefix length, from a buffer indexed by b
+        prefix = torch.randint(0, 300, (NB,), generator=g)
+        return ac.AttentionSpec(head_dim, dtype=dtype, name="prefix_per_seq",
+                                mask_mod=lambda b, h, q, k: (k < prefix[b]) | (q >= k))
+    if name == "document":  # documents inside each packed sequence (ids per (sequence, position))
+        docs = torch.cumsum((torch.rand(NB, MAXLEN, generator=g) < 0.01).long(), dim=1)
+        return ac.AttentionSpec(head_dim, dtype=dtype, name="document_varlen",
+                                mask_mod=lambda b, h, q, k: (docs[b, q] == docs[b, k]) & (q >= k))
+    if name == "key_padding":  # a key-padding mask per sequence; sequence 5 has every key padded
+        kpm = torch.rand(NB, MAXLEN, generator=g) < 0.8
+        kpm[5] = False
+        return ac.AttentionSpec(head_dim, dtype=dtype, name="key_padding", mask_mod=lambda b, h, q, k: kpm[b, k])
+    if name == "alibi_causal":
+        return presets.alibi(presets.alibi_slopes(4), head_dim, dtype=dtype, causal=True)
+    if name == "softcap":
+        return presets.softcap(20.0, head_dim, dtype=dtype)
+    if name == "dropout":
+        return ac.AttentionSpec(head_dim, dtype=dtype, dropout_p=0.2, causal=True, name="dropout")
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", ["plain", "causal"])
+def test_varlen_forward_backward(name, head_dim, dtype):
+    kern = ac.compile(_spec(name, head_dim, dtype), "v2")
+    for sq, sk in ((SEQ_Q, SEQ_Q), (SEQ_Q, SEQ_K)):
+        res = check_varlen_kernel(kern, sq, sk, H=4)
+        assert res.ok, f"forward {name} d={head_dim} {dtype}: {res}"
+        res = check_varlen_grads(kern, sq, sk, H=4)
+        assert res.ok, f"backward {name} d={head_dim} {dtype}: {res}"
+
+
+@pytest.mark.parametrize("name", ["sliding_window", "prefix_lm", "prefix_per_seq", "document", "key_padding",
+                                  "alibi_causal", "softcap", "dropout"])
+def test_varlen_variants(name):
+    for head_dim, dtype in ((128, "bf16"), (64, "fp16")):
+        kern = ac.compile(_spec(name, head_dim, dtype), "v2")
+        res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=4)
+        assert res.ok, f"forward {name} d={head_dim} {dtype}: {res}"
+        res = check_varlen_grads(kern, SEQ_Q, SEQ_K, H=4, use_lse=name == "key_padding")
+        assert res.ok, f"backward {name} d={head_dim} {dtype}: {res}"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_gqa(deterministic):
+    kern = ac.compile(_spec("causal", 128, "bf16"), "v2")
+    res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=6, H_kv=2)
+    assert res.ok, f"forward GQA: {res}"
+    res = check_varlen_grads(kern, SEQ_Q, SEQ_K, H=6, H_kv=2, deterministic=deterministic, use_lse=True)
+    assert res.ok, f"backward GQA deterministic={deterministic}: {res}"
+
+
+def test_varlen_deterministic_is_bitwise_repeatable():
+    kern = ac.compile(_spec("sliding_window", 64, "bf16"), "v2")
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kern, SEQ_Q, SEQ_Q, 4, generator=None)
+    dout = torch.randn(q.shape[0], 4, 64, device="cuda").to(q.dtype)
+    grads = []
+    for _ in range(2):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = kern(*leaves, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, deterministic=True)
+        grads.append(torch.autograd.grad((o.float() * dout.float()).sum(), leaves))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_varlen_equals_padded_batch_bitwise():
+    """Equal lengths: the packed kernel computes exactly what the padded kernel does."""
+    kern = ac.compile(_spec("causal", 128, "bf16"), "v2")
+    B, H, N = 3, 4, 333
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kern, (N,) * B, (N,) * B, H)
+    o_pack, lse_pack = kern(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True)
+    as4 = lambda t: t.view(B, N, t.shape[1], t.shape[2]).transpose(1, 2)  # noqa: E731
+    o_pad, lse_pad = kern(as4(q), as4(k), as4(v), return_lse=True)
+    assert torch.equal(o_pack, o_pad.transpose(1, 2).reshape(B * N, H, -1))
+    assert torch.equal(lse_pack, lse_pad.permute(1, 0, 2).reshape(H, B * N))
+
+
+def test_varlen_functional_api_and_max_seqlen():
+    q, k, v, cu_q, cu_k = make_varlen_inputs(ac.compile(_spec("causal", 64, "fp16"), "v2"), SEQ_Q, SEQ_K, 2)
+    a = ac.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    b = ac.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=2000,
+                     max_seqlen_k=1500)
+    assert a.shape == (sum(SEQ_Q), 2, 64) and torch.equal(a, b)
+    kern = ac.compile(_spec("causal", 64, "fp16"), "v2")
+    res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=2, max_seqlen=(1024, 4096))
+    assert res.ok, str(res)
+
+
+def test_varlen_bad_inputs_on_gpu():
+    kern = ac.compile(_spec("plain", 64, "bf16"), "v2")
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kern, (5, 9), (5, 9), 2)
+    with pytest.raises(InputError, match="cu_seqlens_q: expected an int32 tensor on cuda"):
+        kern(q, k, v, cu_seqlens_q=cu_q.cpu(), cu_seqlens_k=cu_k)
+    bad = torch.tensor([0, 9, 5], dtype=torch.int32, device="cuda")  # not monotone (and the wrong total)
+    with pytest.raises(InputError, match="non-decreasing"):
+        kern(q, k, v, cu_seqlens_q=bad, cu_seqlens_k=cu_k)
+    with pytest.raises(InputError, match="last offset"):
+        kern(q, k, v, cu_seqlens_q=torch.tensor([0, 5, 13], dtype=torch.int32, device="cuda"), cu_seqlens_k=cu_k)
+    with pytest.raises(InputError, match="at least the longest sequence"):
+        kern(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8)
+    torch.cuda.synchronize()  # nothing above reached the GPU as a bad launch
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+def test_varlen_other_head_dims(head_dim):
+    """Other backward plans (d=256 splits dK and dV into two launches)."""
+    kern = ac.compile(_spec("causal", head_dim, "bf16"), "v2")
+    res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=2)
+    assert res.ok, f"forward d={head_dim}: {res}"
+    for det in (False, True):
+        res = check_varlen_grads(kern, SEQ_Q, SEQ_K, H=2, deterministic=det)
+        assert res.ok, f"backward d={head_dim} deterministic={det}: {res}"
+
+
+def test_varlen_with_a_v1_kernel_runs_the_v2_schedule():
+    kern = ac.compile(_spec("sliding_window", 64, "bf16"), "v1")
+    res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=2)
+    assert res.ok, str(res)
+
+
+def test_varlen_torch_compile_fullgraph():
+    kern = ac.compile(_spec("causal", 64, "bf16"), "v2")
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kern, SEQ_Q, SEQ_K, 2)
+
+    def f(q_, k_, v_):
+        o, lse = kern(q_, k_, v_, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(SEQ_Q),
+                      max_seqlen_k=max(SEQ_K), return_lse=True)
+        return o.float().square().sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()
+
+    grads = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        grads.append(torch.autograd.grad(fn(*leaves), leaves))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -1,0 +1,141 @@
+"""CPU: the v3 (Hopper) schedule -- plans, rendering, errors, TMA map geometry, and (nvcc) every
+variant compiled for sm_90a with wgmma / TMA in its PTX and no local-memory spills in the common
+variants."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import attncompiler as ac
+from attncompiler.codegen.schedule import ScheduleError, get_schedule
+from attncompiler.ir.build import build_ir
+from attncompiler.plan.model import PlanError, ProblemDims
+from attncompiler.plan.targets import get_target
+from attncompiler.plan.v3 import CONSUMER_REGS, PRODUCER_REGS, plan_v3, v3_smem_bytes
+from attncompiler.runtime.compiler import compile_with_nvcc
+from attncompiler.spec import presets
+
+ROOT = Path(__file__).parent.parent
+PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias")
+
+
+def _specs(head_dim: int, dtype: str = "bf16") -> dict[str, ac.AttentionSpec]:
+    out = {n: presets.get_preset(n, head_dim=head_dim, num_heads=4, seqlen=1024, dtype=dtype) for n in PRESET_NAMES}
+    out["dropout"] = ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout", dtype=dtype)
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"v3ex_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        out[f"example:{path.stem}"] = dataclasses.replace(mod.make_spec(head_dim=head_dim), dtype=dtype)
+    return out
+
+
+def _render(spec: ac.AttentionSpec, **opts):
+    tgt = get_target("sm_90")
+    ir = build_ir(spec)
+    sched = get_schedule("v3")
+    return sched.render(ir, sched.make_plan(ir, tgt, **opts), tgt)
+
+
+@pytest.mark.parametrize("d,block_n,stages", [(64, 192, 4), (128, 128, 3), (192, 112, 2), (256, 80, 2)])
+def test_plan_choices(d, block_n, stages):
+    p = plan_v3(ProblemDims(d), "sm_90")
+    assert (p.block_m, p.block_n, p.stages, p.num_threads) == (128, block_n, stages, 384)
+    assert p.smem_bytes == v3_smem_bytes(128, block_n, d, d, stages) <= get_target("sm_90").max_smem_per_block_optin
+    assert p.producer_regs == PRODUCER_REGS and p.consumer_regs == CONSUMER_REGS
+    text = p.describe()
+    assert "setmaxnreg" in text and "rejected" in text or stages == 4
+    masked = plan_v3(build_ir(presets.causal(d)), "sm_90")  # a mask: at most PREFERRED_BLOCK_N_MASKED
+    assert masked.block_n == min(block_n, 128) and "with a mask" in masked.describe()
+
+
+def test_plan_errors_name_the_numbers():
+    with pytest.raises(PlanError, match="v3 needs sm_90a, got sm_80"):
+        plan_v3(ProblemDims(128), "sm_80")
+    with pytest.raises(PlanError, match="head_dim=96.*multiples of 64"):
+        plan_v3(ProblemDims(96), "sm_90")
+    with pytest.raises(PlanError, match="BLOCK_N=100: expected a multiple of 16"):
+        plan_v3(ProblemDims(128), "sm_90", block_n=100)
+    with pytest.raises(PlanError, match=r"smem \d+ B with 4 stage\(s\) > 232448 B"):
+        plan_v3(ProblemDims(256), "sm_90", block_n=64, stages=4)
+    with pytest.raises(PlanError, match="registers per consumer thread > 240"):
+        plan_v3(ProblemDims(256), "sm_90", block_n=256)
+    with pytest.raises(PlanError, match="expected block_m=128"):
+        plan_v3(ProblemDims(128), "sm_90", block_m=64)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_100"])
+def test_v3_on_other_targets_is_a_clear_error(arch):
+    with pytest.raises(ScheduleError, match=f"v3 needs sm_90a, got {arch}"):
+        ac.compile(presets.plain(128), "v3", target=arch)
+
+
+def test_render_has_the_hopper_pieces():
+    ks = _render(presets.causal(128))
+    assert ks.arch == "sm_90a" and ks.threads == 384 and ks.entry == "attn_fwd"
+    src = ks.source
+    for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", "cp.async.bulk.tensor.4d",
+                   "setmaxnreg.inc.sync.aligned", "setmaxnreg.dec.sync.aligned", "__grid_constant__ ac::V3Maps",
+                   "mbarrier.try_wait.parity", "bar.sync", "struct Variant"):
+        assert needle in src, needle
+    assert '#include "attncompiler/' not in src
+    fp16 = _render(presets.plain(64, dtype="fp16")).source
+    assert "m64n192k16.f32.f16.f16" in fp16 and "m64n64k16.f32.f16.f16" in fp16
+
+
+def test_cli_show_prints_the_v3_source(capsys):
+    from attncompiler.cli import main
+
+    assert main(["show", "causal", "--schedule", "v3", "--arch", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    assert "schedule v3" in out and "wgmma.mma_async" in out and "cp.async.bulk.tensor" in out
+
+
+def test_tma_geometry_checks_strides():
+    from attncompiler.runtime.tma import TmaError, _geometry
+
+    dims, strides = _geometry("q", (2, 3, 100, 128), (3 * 100 * 128, 100 * 128, 128), 2)
+    assert dims == (128, 100, 3, 2) and strides == (256, 100 * 256, 300 * 256)
+    # (B, N, H, d) storage viewed as (B, H, N, d): heads inner
+    dims, strides = _geometry("k", (2, 3, 100, 64), (100 * 3 * 64, 64, 3 * 64), 2)
+    assert strides == (3 * 64 * 2, 64 * 2, 100 * 3 * 64 * 2)
+    # size-1 dims get a harmless stride whatever torch reports
+    assert _geometry("v", (1, 1, 1, 64), (0, 0, 0), 2)[1] == (128, 128, 128)
+    with pytest.raises(TmaError, match="expected a heads stride the copy engine can address"):
+        _geometry("q", (1, 2, 10, 64), (0, 0, 64), 2)  # heads broadcast with stride 0
+
+
+def _ptx(source: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="ac-v3-ptx-") as d:
+        src, out = Path(d) / "k.cu", Path(d) / "k.ptx"
+        src.write_text(source)
+        subprocess.run(["nvcc", "-ptx", "-std=c++17", "-DNDEBUG", "-gencode=arch=compute_90a,code=compute_90a",
+                        "-o", str(out), str(src)], check=True, capture_output=True, text=True)
+        return out.read_text()
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("head_dim,dtype", [(64, "bf16"), (128, "bf16"), (128, "fp16"), (192, "bf16"), (256, "bf16")])
+def test_nvcc_every_v3_variant_has_wgmma_and_tma(head_dim, dtype):
+    jobs = {name: _render(spec).source for name, spec in _specs(head_dim, dtype).items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        ptx = dict(zip(jobs, pool.map(_ptx, jobs.values())))
+        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    for name in jobs:
+        rep = reps[name]
+        print(f"v3 d={head_dim} {dtype} {name:24s}: {rep.registers} regs at entry, spill "
+              f"{rep.spill_stores}/{rep.spill_loads} B, stack {rep.stack_bytes} B")
+        assert "wgmma.mma_async.sync.aligned" in ptx[name], name
+        assert "cp.async.bulk.tensor.4d" in ptx[name], name
+        assert "setmaxnreg" in ptx[name], name
+        assert "C7508" not in rep.log, f"{name}: setmaxnreg ignored by ptxas"
+        if name in ("plain", "causal", "alibi", "softcap", "sliding_window"):
+            assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"

@@ -1,0 +1,131 @@
+"""CPU: packed sequences (varlen) -- the reference, the custom ops (CPU path, fake kernels), rendering
+and an nvcc build of the varlen kernels.  GPU checks: tests/test_gpu_varlen.py; bad inputs:
+tests/test_bad_inputs.py (varlen-* rows)."""
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler import autograd
+from attncompiler.codegen.schedule import get_schedule
+from attncompiler.codegen.v2_bwd import make_bwd_plan, render_bwd
+from attncompiler.ir.build import build_ir
+from attncompiler.plan.targets import get_target
+from attncompiler.reference import reference_attention
+from attncompiler.runtime.compiler import compile_with_nvcc
+from attncompiler.varlen import pack, reference_varlen, unpack
+
+B, H, N, D = 3, 2, 37, 64
+
+
+def _kpm_spec(dropout_p: float = 0.0) -> tuple[ac.AttentionSpec, torch.Tensor]:
+    kpm = torch.rand(B, 64, generator=torch.Generator().manual_seed(3)) > 0.3
+    spec = ac.AttentionSpec(D, causal=True, dropout_p=dropout_p, mask_mod=lambda b, h, q, k: kpm[b, k])
+    return spec, kpm
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_reference_varlen_equals_batched_reference(dropout_p):
+    """Equal lengths: the packed reference is the batched one (b-indexed buffers and dropout's counter too)."""
+    spec, _ = _kpm_spec(dropout_p)
+    kern = ac.compile(spec, "v2", target="sm_90", build=False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(3))
+    ref, lse = reference_attention(q, k, v, kern.ir, buffers=kern._buffers, seed=5, return_lse=True)
+    packed = [pack(list(t.transpose(1, 2))) for t in (q, k, v)]
+    o2, l2 = reference_varlen(packed[0][0], packed[1][0], packed[2][0], packed[0][1], packed[1][1], kern.ir,
+                              buffers=kern._buffers, seed=5)
+    assert torch.allclose(o2, ref.transpose(1, 2).reshape(B * N, H, D), atol=1e-12, rtol=0)
+    assert torch.equal(l2, lse.transpose(0, 1).reshape(H, B * N))
+
+
+def test_pack_unpack_roundtrip():
+    seqs = [torch.randn(n, 2, 8) for n in (0, 3, 1, 5)]
+    packed, cu = pack(seqs)
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 0, 3, 4, 9]
+    assert all(torch.equal(a, b) for a, b in zip(unpack(packed, cu), seqs))
+
+
+def _op_args(kern, q, k, v, cu_q, cu_k):
+    bufs = [kern._buffers[b.name] for b in kern.ir.buffers]
+    return (q, k, v, cu_q, cu_k, bufs, kern._op_id, -1, -1, kern.ir.scale, 0.0, autograd.make_rng(0, 0), False)
+
+
+def test_cpu_ops_forward_backward_match_float64_autograd():
+    spec, _ = _kpm_spec()
+    kern = ac.compile(spec, "v2", target="sm_90", build=False)
+    lens_q, lens_k = [0, 5, 1, 40], [3, 0, 20, 40]  # keys without queries; a query without keys
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(sum(lens_q), H, D, generator=g)
+    k, v = (torch.randn(sum(lens_k), H, D, generator=g) for _ in range(2))
+    cu_q = torch.tensor([0, *lens_q]).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0, *lens_k]).cumsum(0).to(torch.int32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = torch.ops.attncompiler.attention_varlen_fwd(*_op_args(kern, *leaves, cu_q, cu_k))
+    assert o.shape == (sum(lens_q), H, D) and lse.shape == (H, sum(lens_q))
+    assert torch.all(o[:5] == 0) and lse[:, :5].eq(float("-inf")).all()  # the queries of sequence 1 have no keys
+    dout = torch.randn(o.shape, generator=g)
+    dlse = torch.randn(lse.shape, generator=g)
+    loss = (o * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()
+    got = torch.autograd.grad(loss, leaves)
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ro, rl = reference_varlen(*ref_leaves, cu_q, cu_k, kern.ir, buffers=kern._buffers)
+    rloss = (ro * dout.double()).sum() + (torch.where(torch.isfinite(rl), rl, 0.0) * dlse.double()).sum()
+    want = torch.autograd.grad(rloss, ref_leaves)
+    assert torch.allclose(o.double(), ro, atol=1e-5)
+    for a, b in zip(got, want):
+        assert torch.allclose(a.double(), b, atol=1e-4), (a.double() - b).abs().max()
+    assert torch.all(got[1][:3] == 0) and torch.all(got[2][:3] == 0)  # keys nobody queries
+
+
+def test_ops_schema_and_fake_kernels():
+    kern = ac.compile(ac.AttentionSpec(D, causal=True), "v2", target="sm_90", build=False)
+    q, k, v = (torch.randn(12, 2, D).to(torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    args = _op_args(kern, q, k, v, cu, cu)
+    torch.library.opcheck(torch.ops.attncompiler.attention_varlen_fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    o, lse = torch.ops.attncompiler.attention_varlen_fwd(*args)
+    bargs = (o, q, k, v, o, lse, None, cu, cu, [], kern._op_id, -1, -1, kern.ir.scale, 0.0,
+             autograd.make_rng(0, 0), False)
+    torch.library.opcheck(torch.ops.attncompiler.attention_varlen_bwd.default, bargs,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def _sources(spec, arch: str):
+    tgt = get_target(arch.rstrip("a"))
+    ir = build_ir(spec)
+    sched = get_schedule("v2")
+    plan = sched.make_plan(ir, tgt)
+    out = {"fwd": sched.render(ir, plan, tgt, varlen=True).source}
+    for det in (False, True):
+        out[f"bwd det={det}"] = render_bwd(ir, make_bwd_plan(ir, tgt, deterministic=det), tgt, varlen=True).source
+    return out, sched.render(ir, plan, tgt).source
+
+
+def test_render_varlen_only_when_asked():
+    srcs, plain = _sources(ac.AttentionSpec(D, causal=True), "sm_90")
+    assert "varlen_fwd_enter" in srcs["fwd"] and "varlen" not in plain.split("struct AttnParams")[0]
+    assert "varlen_fwd_enter" not in plain and "attncompiler/varlen.cuh" not in plain
+    for name in ("bwd det=False", "bwd det=True"):
+        assert "varlen_bwd_kv_enter" in srcs[name] and "varlen_bwd_pre_enter" in srcs[name]
+    assert "varlen_bwd_dq_enter" in srcs["bwd det=True"]
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_nvcc_compiles_varlen_kernels(head_dim):
+    kpm = torch.ones(4, 64, dtype=torch.bool)
+    specs = [ac.AttentionSpec(head_dim, causal=True, name="causal"),
+             ac.AttentionSpec(head_dim, dropout_p=0.1, mask_mod=lambda b, h, q, k: kpm[b, k], name="kpm_dropout")]
+    jobs = {f"{s.name} {n}": src for s in specs for n, src in _sources(s, "sm_90a")[0].items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    for name, rep in reports.items():
+        print(f"varlen d={head_dim} {name:28s}: {rep.registers:3d} regs, spill {rep.spill_stores}/{rep.spill_loads} B")
+        assert rep.registers > 0
