@@ -7,7 +7,8 @@ Standard grid (the FlashAttention papers' setup): B·N = 16k tokens, H·d = 2048
 16k, d in {64, 128, 256}, causal and not, forward / backward / forward+backward.  Variant grid: ALiBi,
 softcap, sliding window, document mask and dropout at d = 128, N in {1k, 4k, 16k}.  v1 runs only the
 forward at N <= 2k (it is FlashAttention-1's loop order with scalar FMA: slow by design); a v1
-forward's backward is v2's, so the backward is measured once, as v2.
+forward's backward is v2's, so the backward is measured once, as v2.  v3 (the Hopper schedule,
+sm_90a) is a forward schedule: it runs in the forward rows (elsewhere its rows say why not).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ __all__ = [
 
 TOKENS = 16384  # B * N
 HIDDEN = 2048  # H * d
-SCHEDULES = ("v1", "v2")
+SCHEDULES = ("v1", "v2", "v3")
 SDPA_IMPLS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 PEERS = (*SDPA_IMPLS, "flex")
 IMPLS = (*SCHEDULES, *PEERS)
@@ -32,7 +33,7 @@ VARIANTS = ("alibi", "softcap", "sliding_window", "document", "dropout")
 SECTIONS = ("latency", "forward", "backward", "variants", "memory")  # the order a run takes
 
 IMPL_LABELS = {
-    "v1": "attncompiler v1", "v2": "attncompiler v2", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
+    "v1": "attncompiler v1", "v2": "attncompiler v2", "v3": "attncompiler v3", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
     "sdpa_efficient": "SDPA efficient", "flex": "FlexAttention", "sdpa_math": "SDPA math",
 }
 MODE_LABELS = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
@@ -47,7 +48,7 @@ COST_MEASURE_S = {"fwd": 0.2, "bwd": 0.3, "fwdbwd": 0.3}
 COST_V1_S = 0.6
 COST_FLEX_COMPILE_S = 6.0
 COST_FLEX_RECOMPILE_S = 2.0
-COST_LATENCY_S = {"v1": 10.0, "v2": 14.0, "flex": 30.0}
+COST_LATENCY_S = {"v1": 10.0, "v2": 14.0, "v3": 14.0, "flex": 30.0}
 COST_MEMORY_S = 0.4
 COST_FIXED_S = 30.0
 
@@ -142,7 +143,7 @@ class VariantGrid:
 class LatencyGrid:
     """Compile latency: each impl's first call in a fresh process with empty caches, and warm."""
 
-    impls: tuple[str, ...] = ("v1", "v2", "flex")
+    impls: tuple[str, ...] = ("v1", "v2", "v3", "flex")
     head_dim: int = 128
     seqlen: int = 4096
     heads: int = 16
@@ -172,7 +173,7 @@ class Suite:
     latency: LatencyGrid = field(default_factory=LatencyGrid)
     memory: MemoryGrid = field(default_factory=MemoryGrid)
     sections: tuple[str, ...] = SECTIONS
-    budget_s: float = 450.0  # soft: measurements past it are recorded as skipped
+    budget_s: float = 470.0  # soft: measurements past it are recorded as skipped (whole run < 8 min)
     warmup_ms: float = 15.0
     rep_ms: float = 60.0
     flex_dynamic: bool = True  # one FlexAttention compile per mask/score_mod, not one per shape
@@ -206,6 +207,8 @@ def grid_measurements(grid: StandardGrid | VariantGrid, modes: Sequence[str] | N
             for impl in grid.impls:
                 if impl == "v1" and (mode != "fwd" or case.N > grid.v1_max_n):
                     continue  # v1's backward is v2's; v1 is slow by design at long N
+                if impl == "v3" and mode != "fwd":
+                    continue  # v3 is a forward schedule (Hopper); its backward is v2's
                 if mode == "fwdbwd" and impl in grid.step_skip:
                     continue
                 out.append(Measurement(case, mode, impl, unsupported_reason(impl, case.variant)))

@@ -41,7 +41,7 @@ def spec_for(case: Case, params: VariantParams) -> Any:
 
 
 def ours_impl(schedule: str, case: Case, params: VariantParams, device: str = "cuda") -> Impl:
-    """Compile (cached in memory and on disk) the kernel of ``case`` with ``schedule`` ("v1"/"v2")."""
+    """Compile (cached in memory and on disk) the kernel of ``case`` with ``schedule`` ("v1"/"v2"/"v3")."""
     import torch
 
     from ..api import compile as ac_compile
@@ -61,7 +61,7 @@ def ours_impl(schedule: str, case: Case, params: VariantParams, device: str = "c
 
 
 def kernel_sources(cases: Iterable[Case], params: VariantParams, target: Any, *,
-                   schedules: Iterable[str] = ("v1", "v2"), backward: bool = True,
+                   schedules: Iterable[str] = ("v1", "v2", "v3"), backward: bool = True,
                    v1_max_n: int = 2048) -> list[tuple[str, str]]:
     """(source, arch) of every forward kernel (per schedule) and v2 backward the cases need, deduplicated."""
     from ..codegen.schedule import get_schedule
@@ -81,7 +81,8 @@ def kernel_sources(cases: Iterable[Case], params: VariantParams, target: Any, *,
             try:
                 ir = build_ir(spec_for(case, params))
                 s = get_schedule(sched)
-                jobs[(s.render(ir, s.make_plan(ir, target), target).source, target.nvrtc_arch)] = None
+                ks = s.render(ir, s.make_plan(ir, target), target)
+                jobs[(ks.source, ks.arch)] = None
                 if backward and sched == "v2":
                     jobs[(bwd_source(ir, target).source, target.nvrtc_arch)] = None
             except Exception as e:  # the measurement will report it
@@ -89,7 +90,7 @@ def kernel_sources(cases: Iterable[Case], params: VariantParams, target: Any, *,
     return list(jobs)
 
 
-def precompile(cases: Iterable[Case], params: VariantParams, *, schedules: Iterable[str] = ("v1", "v2"),
+def precompile(cases: Iterable[Case], params: VariantParams, *, schedules: Iterable[str] = ("v1", "v2", "v3"),
                backward: bool = True, v1_max_n: int = 2048) -> int:
     """NVRTC-compile every kernel the cases need into the disk cache, in parallel processes.
     Returns how many kernels; 0 (and a message) when it fails -- the kernels then compile on first use."""

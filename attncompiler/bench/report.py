@@ -22,13 +22,15 @@ from .grid import IMPL_LABELS, MODE_LABELS, VARIANTS
 
 __all__ = ["load", "to_markdown", "summary", "plot_all", "fmt_seqlen", "STYLE"]
 
-GRID_IMPLS = ("v1", "v2", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex")
+GRID_IMPLS = ("v1", "v2", "v3", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex")
+OURS_IMPLS = ("v2", "v3")  # the schedules whose best is compared with the peers
 RATIO_PEERS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex")
-SHORT = {"v1": "v1", "v2": "v2", "sdpa_flash": "flash", "sdpa_cudnn": "cuDNN", "sdpa_efficient": "efficient",
+SHORT = {"v1": "v1", "v2": "v2", "v3": "v3", "sdpa_flash": "flash", "sdpa_cudnn": "cuDNN", "sdpa_efficient": "efficient",
          "flex": "Flex", "sdpa_math": "math"}
 STATUS_CELL = {"unsupported": "n/a", "error": "err", "oom": "OOM", "skipped": "skip"}
 STYLE: dict[str, dict[str, Any]] = {
     "v2": dict(color="#d62728", marker="o", linewidth=2.4, zorder=5),
+    "v3": dict(color="#e377c2", marker="*", linewidth=2.4, zorder=6),
     "v1": dict(color="#7f7f7f", marker="v", linestyle="--"),
     "sdpa_flash": dict(color="#1f77b4", marker="s"),
     "sdpa_cudnn": dict(color="#2ca02c", marker="^"),
@@ -77,25 +79,29 @@ def _cell(r: dict[str, Any] | None) -> str:
 
 
 def _perf_table(rows: list[dict[str, Any]], key_cols: Sequence[tuple[str, str]], gemm: float | None) -> list[str]:
-    """A markdown table: key columns, TFLOP/s per impl, v2 / peer ratios, v2 % of the GEMM ceiling."""
+    """A markdown table: key columns, TFLOP/s per impl, ours / peer ratios, ours % of the GEMM ceiling
+    (ours = the faster of attncompiler's v2 and v3 in the row; v2 alone where v3 did not run)."""
     impls = [i for i in GRID_IMPLS if any(r["impl"] == i for r in rows)]
-    peers = [p for p in RATIO_PEERS if p in impls] if "v2" in impls else []
+    ours_impls = [i for i in OURS_IMPLS if i in impls]
+    lab = "ours" if len(ours_impls) > 1 else (ours_impls[0] if ours_impls else "v2")
+    peers = [p for p in RATIO_PEERS if p in impls] if ours_impls else []
     groups: dict[tuple, dict[str, dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(k) for k, _ in key_cols), {})[r["impl"]] = r
-    head = [h for _, h in key_cols] + [SHORT[i] for i in impls] + [f"v2/{SHORT[p]}" for p in peers]
-    if gemm and "v2" in impls:
-        head.append("v2 %GEMM")
+    head = [h for _, h in key_cols] + [SHORT[i] for i in impls] + [f"{lab}/{SHORT[p]}" for p in peers]
+    if gemm and ours_impls:
+        head.append(f"{lab} %GEMM")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, by in groups.items():
         cells = [_key_cell(k, v) for (k, _), v in zip(key_cols, key)] + [_cell(by.get(i)) for i in impls]
-        v2 = by.get("v2")
-        v2t = v2.get("tflops") if v2 and v2.get("status") == "ok" else None
+        oks = [by[i]["tflops"] for i in ours_impls
+               if by.get(i) and by[i].get("status") == "ok" and by[i].get("tflops")]
+        v2t = max(oks) if oks else None
         for p in peers:
             pr = by.get(p)
             pt = pr.get("tflops") if pr and pr.get("status") == "ok" else None
             cells.append(f"{v2t / pt:.2f}" if v2t and pt else "–")
-        if gemm and "v2" in impls:
+        if gemm and ours_impls:
             cells.append(f"{100 * v2t / gemm:.0f}%" if v2t else "–")
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -237,14 +243,15 @@ def to_markdown(data: dict[str, Any], *, plots: Sequence[str] = (), note: str = 
     out = ["# attncompiler benchmark report", ""] + _header(data) + [""]
     out.append(f"TFLOP/s count forward FLOPs as 4·B·H·N²·d (halved when causal; the sliding window and document "
                f"masks count their visible (q, k) pairs exactly), backward 2.5x, forward+backward 3.5x; "
-               f"B·N = {tokens} tokens, H·d = {hidden}, bf16. Ratios are v2 / peer (above 1: attncompiler is "
-               f"faster); %GEMM is v2 against the GEMM ceiling. flash, cuDNN, efficient = torch SDPA backends; "
+               f"B·N = {tokens} tokens, H·d = {hidden}, bf16. Ratios are ours / peer, ours = the "
+               f"faster of attncompiler v2 and v3 in the row (v3: the Hopper schedule, forward only; above 1: "
+               f"attncompiler is faster); %GEMM is ours against the GEMM ceiling. flash, cuDNN, efficient = torch SDPA backends; "
                f"Flex = FlexAttention ({'dynamic' if m.get('flex_dynamic', True) else 'static'} shapes, "
                f"torch.compile). "
                f"Cells: n/a = the peer cannot express the case, err / OOM / skip = see the last section, – = not run "
                f"(v1, FlashAttention-1's loop order with scalar FMA, runs the forward at "
                f"N ≤ {m.get('v1_max_n', 2048)} "
-               f"only; a v1 forward's backward is v2's).")
+               f"only; a v1 or v3 forward's backward is v2's).")
     if note:
         out += ["", f"*{note}*"]
     if plots:

@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-only", default=None, metavar="BENCH_JSON",
                    help="no GPU: write bench.md and the plots from an earlier bench.json")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="soft time limit in seconds (default: 450 full, 120 quick; 0 = none)")
+                   help="soft time limit in seconds (default: 470 full, 120 quick; 0 = none)")
     p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out (no torch.compile)")
     p.add_argument("--flex-static", action="store_true",
                    help="compile FlexAttention per shape (dynamic=False): slower to run, no dynamic-shape kernels")
