@@ -21,6 +21,15 @@ def main() -> int:
     jobs = []
     for sp in specs:
         jobs.append(ac.compile(sp, "v3", build=False, target="sm_90").kernel_source)
+    for name in ("plain", "causal", "sliding_window", "document", "dropout"):
+        for d in (64, 128):
+            for s in (113, 1023, 4096):
+                jobs.append(ac.compile(T.spec_for(name, d, "bf16", s), "v3", build=False, target="sm_90",
+                                       persistent=True).kernel_source)
+    for d in (64, 128, 256):
+        for sp in (presets.plain(d), presets.causal(d)):
+            for pers in (False, True):
+                jobs.append(ac.compile(sp, "v3", build=False, target="sm_90", persistent=pers).kernel_source)
     for bn, st in ((64, 2), (96, 3), (176, 2), (128, 1)):
         jobs.append(ac.compile(presets.causal(128), "v3", build=False, target="sm_90", block_n=bn,
                                stages=st).kernel_source)

@@ -105,6 +105,21 @@ def test_forced_tiles(block_n, stages):
 
 
 @needs_hopper
+@pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "document", "dropout"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent(name, head_dim):
+    # B*H*query blocks > SMs at 4096, so CTAs loop over several tiles (Q reload, ring across tiles)
+    for n in (113, 1023, 4096):
+        kern = ac.compile(spec_for(name, head_dim, "bf16", n), "v3", persistent=True)
+        res = check_kernel(kern, B, H, n)
+        assert res.ok, f"{name} persistent d={head_dim} N={n}: {res}"
+    kern = ac.compile(presets.causal(head_dim), "v3", persistent=True)
+    for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
+        res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
+        assert res.ok, f"persistent causal GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+
+
+@needs_hopper
 def test_fully_masked_rows_are_zero_not_nan():
     def mask(b, h, q_idx, kv_idx):
         return (q_idx >= 64) & (kv_idx <= q_idx)

@@ -303,7 +303,8 @@ def test_plan_dispatch() -> None:
     assert plan(ProblemDims(128), "v1", target="h100").schedule == "v1"
     assert plan(ProblemDims(128), "v1", target="sm_90", sram_budget=65536).sram_budget_bytes == 65536
     assert plan(ProblemDims(128), "v2", target="sm_90", block_n=32).block_n == 32
-    with pytest.raises(PlanError, match=r"unknown schedule 'v9'; expected one of v1, v2, auto"):
+    assert plan(ProblemDims(128), "v3", target="sm_90").schedule == "v3"
+    with pytest.raises(PlanError, match=r"unknown schedule 'v9'; expected one of v1, v2, v3, auto"):
         plan(ProblemDims(128), "v9", target="sm_90")
 
 

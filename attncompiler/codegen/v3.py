@@ -7,6 +7,7 @@ the TMA tensor maps of q, k and v, built per call by :meth:`V3Schedule.launch_fo
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from .schedule import KernelSource, ScheduleError
 __all__ = ["SCHEDULE", "V3Schedule", "PTX_TYPES"]
 
 PTX_TYPES = {"bf16": "bf16", "fp16": "f16"}
+_loaded: dict[tuple[KernelSource, int], Any] = {}  # loaded functions by (kernel source, device)
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,20 @@ class V3Schedule:
             consumers=plan.consumers,
             producer_regs=plan.producer_regs,
             consumer_regs=plan.consumer_regs,
+            persistent=plan.persistent,
             smem_bytes=plan.smem_bytes,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target
         return KernelSource(self.name, "attn_fwd", "sm_90a", src, plan, plan.num_threads, plan.smem_bytes)
 
-    def grid(self, ks: KernelSource, dims: AttnInputs) -> tuple[int, int, int]:
-        return (-(-dims.Nq // ks.plan.block_m), dims.B * dims.H, 1)
+    def grid(self, ks: KernelSource, dims: AttnInputs, sm_count: int | None = None) -> tuple[int, int, int]:
+        """(query blocks, B*H); persistent: min(tiles, SMs) CTAs (``sm_count``: the device's, else the
+        target's)."""
+        q_blocks = -(-dims.Nq // ks.plan.block_m)
+        if ks.plan.persistent:
+            sms = sm_count or ks.plan.sm_count
+            return (max(1, min(q_blocks * dims.B * dims.H, sms)), 1, 1)
+        return (q_blocks, dims.B * dims.H, 1)
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0
@@ -71,9 +80,17 @@ class V3Schedule:
         from ..runtime.tma import attn_maps
 
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        fn = compile_kernel(ks.source, ks.arch, idx, ks.entry)  # memory-cached (built by CompiledAttention.build)
+        fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
+        if fn is None:
+            fn = _loaded.setdefault((ks, idx), compile_kernel(ks.source, ks.arch, idx, ks.entry))
         maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n)
-        launch_structs(fn.ptr, self.grid(ks, dims), ks.threads, ks.smem_bytes, (params, buffers, maps), device)
+        grid = self.grid(ks, dims, _sm_count(idx) if ks.plan.persistent else None)
+        launch_structs(fn.ptr, grid, ks.threads, ks.smem_bytes, (params, buffers, maps), device)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
 SCHEDULE = V3Schedule()

@@ -17,6 +17,7 @@ from .resources import evaluate
 from .targets import Target, TargetError, get_target
 from .v1 import V1Plan, plan_v1
 from .v2 import V2Plan, candidates_v2, plan_v2
+from .v3 import plan_v3
 
 __all__ = [
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
@@ -27,7 +28,7 @@ __all__ = [
 
 # Schedule name -> planner.  A new schedule (v3: Hopper wgmma + TMA) registers here and, where it
 # applies, is picked by auto_schedule().
-SCHEDULES: dict[str, Callable[..., Plan]] = {"v1": plan_v1, "v2": plan_v2}
+SCHEDULES: dict[str, Callable[..., Plan]] = {"v1": plan_v1, "v2": plan_v2, "v3": plan_v3}
 
 
 def auto_schedule(target: Target) -> str:
@@ -230,7 +231,7 @@ def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False
                  f"elements per head")
         if causal or live is not None:
             notes.append("standard counts do not skip masked blocks")
-    elif isinstance(plan, V2Plan):
+    elif isinstance(plan, V2Plan) or plan.schedule == "v3":  # v3 moves the same bytes (TMA instead of cp.async)
         tr = -(-Nq // plan.block_m)
         rows = (_v2_causal_kv_rows(Nq, Nk, plan.block_m, plan.block_n) if causal
                 else live.kv_rows if live is not None else evaluate(R.V2_KV_ROWS_DENSE, vals))
@@ -257,7 +258,7 @@ def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False
     except TargetError:
         t = None
     if t is not None:
-        peak = t.fp32_flops if plan.schedule == "v1" else t.mma_sync_flops
+        peak = {"v1": t.fp32_flops, "v3": t.peak_tensor_flops}.get(plan.schedule, t.mma_sync_flops)
         std_bytes = sum(b for _, b in standard)
         if t.peak_tensor_flops:
             t_std = max(std_bytes / t.hbm_bandwidth, flops / t.peak_tensor_flops)

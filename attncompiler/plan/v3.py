@@ -45,7 +45,7 @@ MAX_STAGES = 4               # deepest ring searched (more stages: more smem, mo
 # 256 the O accumulator (128 registers) leaves room for an 80-wide S only (FlashAttention-3's choice).
 # Measured on an H200, N = 16k (docs/perf-notes.md, v3): d=64 BN=192 457 vs BN=128 437 TFLOP/s.
 PREFERRED_BLOCK_N = {64: 192, 128: 128, 192: 112, 256: 80}
-# With a mask (or a score_mod reading a buffer) the per-element index arithmetic needs registers
+# With a mask (or a score_mod reading a buffer, or dropout) the per-element index arithmetic needs registers
 # too: at d=64 BN=192 ptxas spills 96-144 B there (nvcc 13.0), at BN=128 nothing, so such variants
 # prefer this width when it is narrower.
 PREFERRED_BLOCK_N_MASKED = 128
@@ -58,18 +58,20 @@ class V3Plan(Plan):
     consumers: int
     producer_regs: int
     consumer_regs: int
+    persistent: bool = False
+    sm_count: int = 132
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
             f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
             f"{self.consumers} consumer warpgroups (wgmma, setmaxnreg {self.consumer_regs}); "
-            f"{self.stages} K/V stages",
+            f"{self.stages} K/V stages; {'persistent grid (one CTA per SM)' if self.persistent else 'one CTA per tile'}",
         ]
 
 
 def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2) -> int:
     """Q tile + STAGES x (K + V) tiles + mbarriers + the 1024-byte alignment slack (as V3Layout)."""
-    n_bars = 1 + 4 * stages
+    n_bars = 2 + 4 * stages
     return SMEM_ALIGN_SLACK + eb * (block_m * d + stages * block_n * (d + dv)) + MBARRIER_BYTES * n_bars
 
 
@@ -87,7 +89,8 @@ def _preferred(d: int, dv: int, masked: bool) -> int:
 
 
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
-            stages: int | None = None, block_m: int | None = None, num_warps: int | None = None) -> V3Plan:
+            stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
+            persistent: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -111,8 +114,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
-    # a mask, or a score_mod reading a captured buffer (relative_bias spills at d=64 BN=192 too)
-    masked = getattr(ir_or_dims, "mask_expr", None) is not None or bool(getattr(ir_or_dims, "buffers", ()))
+    # a mask, a score_mod reading a captured buffer or dropout (each spills at d=64 BN=192)
+    masked = (getattr(ir_or_dims, "mask_expr", None) is not None or bool(getattr(ir_or_dims, "buffers", ()))
+              or getattr(ir_or_dims, "dropout_p", 0.0) > 0.0)
     pref = _preferred(d, dv, masked)
     limit = t.max_smem_per_block_optin
     rejected: list[str] = []
@@ -149,17 +153,20 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
-         f"{' with a mask or buffer' if masked else ''} that fits"),
+         f"{' with a mask, buffer or dropout' if masked else ''} that fits"),
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
         f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{d} + {st}*{bn}*({d}+{dv})) + {MBARRIER_BYTES}*"
-        f"{1 + 4 * st} (mbarriers) = {smem} B <= {limit} B",
+        f"{2 + 4 * st} (mbarriers) = {smem} B <= {limit} B",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
                             f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
                             f"block i's slot, so deeper rings hide more of the load latency)"),
         "1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)",
+        ("persistent grid: min(tiles, SMs) CTAs loop over the tiles heaviest first" if persistent else
+         "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
+                                                                       is not None else "")),
     ]
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
@@ -169,5 +176,5 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=CONSUMER_REGS,
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
-        consumer_regs=CONSUMER_REGS,
+        consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count,
     )

@@ -1,7 +1,9 @@
 // attncompiler/v3_fwd.cuh -- FlashAttention-3 style forward (sm_90a): TMA + wgmma + warp specialization.
 //
-// Grid (num_q_blocks, B*H); a CTA of (1 + NC) warpgroups owns BLOCK_M = 64*NC query rows of one
-// (batch, head):
+// Grid (num_q_blocks, B*H), or with PERSISTENT one CTA per SM looping over (query block, batch*head)
+// tiles (heaviest first, round robin; the K/V ring and the ping-pong run on across tiles, Q is
+// reloaded once the consumers' S GEMMs of the previous tile are done). A CTA of (1 + NC) warpgroups
+// owns BLOCK_M = 64*NC query rows of one (batch, head) at a time:
 //   * warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
 //     copies: the Q tile once, then K_j and V_j of every visited K/V block into a ring of STAGES
 //     shared-memory stages. Each stage has two "full" mbarriers (K, V: the copies complete their
@@ -24,7 +26,7 @@
 // Shared memory (from a 1024-byte aligned base; 128-byte swizzle, so every tile is made of
 // 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
 //   Q: D/64 boxes of BLOCK_M rows | per stage: K (D/64 boxes of BLOCK_N rows), V (DV/64 boxes) |
-//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES].
+//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free.
 // wgmma operands: Q and K are K-major (the head dim is contiguous; descriptor SBO = 1024 between
 // 8-row groups, a k16 step advances the start address 32 bytes inside the 128-byte row); V is
 // MN-major for O += P V (transposed B: LBO = BLOCK_N*128 between 64-column boxes, SBO = 1024
@@ -32,7 +34,7 @@
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
-// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS.
+// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT.
 #pragma once
 
 namespace ac {
@@ -56,7 +58,7 @@ struct V3Layout {
   static constexpr int kVBytes = BN * DV * 2;
   static constexpr int kStageBytes = kKBytes + kVBytes;
   static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
-  static constexpr int kNumBars = 1 + 4 * STAGES;
+  static constexpr int kNumBars = 2 + 4 * STAGES;
   static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
   static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
   static constexpr int NS = BN / 2;                   // S accumulator floats per thread
@@ -248,34 +250,49 @@ struct V3Consumer {
 // The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue.
 constexpr int kTurnBar = 1;
 
+// Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
+// for causal the last, query blocks first). Persistent: tiles in the same heaviest-first order,
+// CTA c takes tiles c, c + gridDim.x, ... (a static round robin over a descending order).
+template <bool kPersistent>
+__device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& p, int& q_block, int& bh) {
+  if constexpr (kPersistent) {
+    const int nbh = p.B * p.H;
+    q_block = num_qb - 1 - tile / nbh;
+    bh = tile % nbh;
+  } else {
+    q_block = gridDim.x - 1 - blockIdx.x;
+    bh = blockIdx.y;
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const V3Maps& maps) {
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
+  constexpr bool kPersistent = Cfg::PERSISTENT;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned int base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const unsigned int sQ = base;
   const unsigned int sKV0 = base + L::kQBytes;  // K of stage s: sKV0 + s*kStageBytes, V: + kKBytes
   const unsigned int bars = base + L::kBarOffset;
-  const unsigned int barQ = bars;
+  const unsigned int barQ = bars;                           // Q landed (phase = tile count & 1)
+  const unsigned int barQfree = bars + 8u * (1 + 4 * STAGES);  // consumers done with Q's S GEMMs
   auto full_k = [&](int s) { return bars + 8u * (1 + s); };
   auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
   auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
   auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * STAGES + s); };
 
-  const int q_block = gridDim.x - 1 - blockIdx.x;  // heaviest (for causal: last) query blocks first
-  const int bh = blockIdx.y;
-  const int b = bh / p.H;
-  const int h = bh % p.H;
-  const int h_kv = h / (p.H / p.H_kv);
-  const int q0 = q_block * BM;
-  const int q_hi = min(q0 + BM, p.Nq) - 1;
+  const int num_qb = (p.Nq + BM - 1) / BM;
+  const int num_tiles = kPersistent ? num_qb * p.B * p.H : 1;
+  const int tile0 = kPersistent ? blockIdx.x : 0;
+  const int tile_step = kPersistent ? gridDim.x : 1;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) {
     mbar_init(barQ, 1);
+    mbar_init(barQfree, NC * 128);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_k(s), 1);
@@ -287,10 +304,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   }
   __syncthreads();
 
-  int j_begin, j_end;
-  v3_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
-  j_begin = v3_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
-
   if (warp < 4) {
     // ---------------- producer warpgroup ----------------
     setmaxnreg_dec<Cfg::PRODUCER_REGS>();
@@ -298,37 +311,57 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       tma_prefetch_desc(&maps.q);
       tma_prefetch_desc(&maps.k);
       tma_prefetch_desc(&maps.v);
-      mbar_arrive_expect_tx(barQ, L::kQBytes);
-#pragma unroll
-      for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
-      // Copies in the order the consumers use them: K_0, then K_i before V_{i-1} (iteration i issues
-      // S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V. Block i takes slot i % STAGES of
-      // both rings; a slot is refilled once every consumer thread released it.
-      int s = 0, i = 0, s_prev = 0, j_prev = -1;
-      unsigned int phase = 0, phase_prev = 0;
-      auto load_v = [&](int jv, int sv, unsigned int ph, int iv) {
+      // Ring state runs on across tiles: block number i (over the CTA's lifetime) takes slot
+      // i % STAGES of the K and the V ring; a slot is refilled once every consumer thread released it.
+      int s = 0, i = 0;
+      unsigned int phase = 0;
+      auto load_v = [&](int jv, int b, int h_kv, int sv, unsigned int ph, int iv) {
         if (iv >= STAGES) mbar_wait(empty_v(sv), ph ^ 1u);
         const unsigned int sV = sKV0 + sv * L::kStageBytes + L::kKBytes;
         mbar_arrive_expect_tx(full_v(sv), L::kVBytes);
 #pragma unroll
         for (int c = 0; c < L::DV / 64; ++c) tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, jv * BN, h_kv, b, full_v(sv));
       };
-      for (int j = j_begin; j < j_end; j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
-        if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
-        const unsigned int sK = sKV0 + s * L::kStageBytes;
-        mbar_arrive_expect_tx(full_k(s), L::kKBytes);
+      int it = 0;
+      for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
+        int q_block, bh;
+        v3_tile<kPersistent>(tile, num_qb, p, q_block, bh);
+        const int b = bh / p.H, h = bh % p.H, h_kv = h / (p.H / p.H_kv);
+        const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
+        int j_begin, j_end;
+        v3_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
+        j_begin = v3_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+        // The first tile's Q goes first; a later tile's Q goes after its K_0 (which only needs a ring
+        // slot), so that K_0 is in flight while the previous tile's last S GEMMs finish and free Q.
+        auto load_q = [&]() {
+          if (it > 0) mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
+          mbar_arrive_expect_tx(barQ, L::kQBytes);
 #pragma unroll
-        for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
-        if (j_prev >= 0) load_v(j_prev, s_prev, phase_prev, i - 1);
-        j_prev = j;
-        s_prev = s;
-        phase_prev = phase;
-        if (++s == STAGES) {
-          s = 0;
-          phase ^= 1u;
+          for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
+        };
+        // Copies in the order the consumers use them: K_0, then K_i before V_{i-1} (iteration i
+        // issues S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V.
+        int s_prev = 0, j_prev = -1;
+        unsigned int phase_prev = 0;
+        if (it == 0 || j_begin >= j_end) load_q();
+        for (int j = j_begin; j < j_end; j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
+          if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
+          const unsigned int sK = sKV0 + s * L::kStageBytes;
+          mbar_arrive_expect_tx(full_k(s), L::kKBytes);
+#pragma unroll
+          for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
+          if (it > 0 && j == j_begin) load_q();
+          if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
+          j_prev = j;
+          s_prev = s;
+          phase_prev = phase;
+          if (++s == STAGES) {
+            s = 0;
+            phase ^= 1u;
+          }
         }
+        if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
       }
-      if (j_prev >= 0) load_v(j_prev, s_prev, phase_prev, i - 1);
     }
     return;
   }
@@ -339,132 +372,147 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const int warp_wg = warp & 3;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
-  const int wq_hi = min(wq_lo + 63, p.Nq - 1);
-  const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
   const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
-  const bool has_blocks = j_begin < j_end;
   constexpr bool kPingPong = (NC == 2);
-  // Ping-pong: warpgroup 1 grants warpgroup 0 the first turn; each grant after a turn passes it on,
-  // except warpgroup 1's last (which nobody would wait for).
+  // Ping-pong: before each of its turns (one GEMM issue) warpgroup w waits on bar[w]; after it,
+  // it grants the other one's turn. Warpgroup 1 grants warpgroup 0's first turn at the start, and
+  // warpgroup 0 takes that one extra grant back at the end, so arrivals and waits always balance.
   auto turn_wait = [&]() {
     if constexpr (kPingPong) named_bar_sync(kTurnBar + wg, 256);
   };
-  auto turn_grant = [&](bool last) {
-    if constexpr (kPingPong) {
-      if (!(last && wg == NC - 1)) named_bar_arrive(kTurnBar + (wg ^ 1), 256);
-    }
+  auto turn_grant = [&]() {
+    if constexpr (kPingPong) named_bar_arrive(kTurnBar + (wg ^ 1), 256);
   };
+  if (kPingPong && wg == 1) named_bar_arrive(kTurnBar + 0, 256);
 
   V3Consumer<Cfg> st;
+  int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
+  unsigned int phase = 0;
+  int it = 0;
+  for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
+    int q_block, bh;
+    v3_tile<kPersistent>(tile, num_qb, p, q_block, bh);
+    const int b = bh / p.H, h = bh % p.H;
+    const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
+    int j_begin, j_end;
+    v3_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
+    j_begin = v3_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+    const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
+    const int wq_hi = min(wq_lo + 63, p.Nq - 1);
+    const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
+
 #pragma unroll
-  for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-  st.row_max[0] = st.row_max[1] = AC_NEG_INF;
-  st.row_sum[0] = st.row_sum[1] = 0.f;
+    for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
+    st.row_max[0] = st.row_max[1] = AC_NEG_INF;
+    st.row_sum[0] = st.row_sum[1] = 0.f;
 
-  // Whether block j needs the masked softmax for this warpgroup's rows.
-  auto needs_mask = [&](int j) -> bool {
-    const int kv0 = j * BN;
-    if (kv0 + BN > p.Nk) return true;
-    if constexpr (Variant::kHasMask) {
-      if (wq_lo > wq_hi) return true;  // no valid rows (results unused)
-      return Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
-    }
-    return false;
-  };
+    // Whether block j needs the masked softmax for this warpgroup's rows.
+    auto needs_mask = [&](int j) -> bool {
+      const int kv0 = j * BN;
+      if (kv0 + BN > p.Nk) return true;
+      if constexpr (Variant::kHasMask) {
+        if (wq_lo > wq_hi) return true;  // no valid rows (results unused)
+        return Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
+      }
+      return false;
+    };
 
-  mbar_wait(barQ, 0);  // always: the Q copy must land before the CTA may exit
-  if (has_blocks) {
-    if (kPingPong && wg == 1) named_bar_arrive(kTurnBar + 0, 256);
-    int s = 0;
-    unsigned int phase = 0;
-    int j = j_begin;
-    // Block 0: S_0 only.
-    mbar_wait(full_k(s), phase);
-    turn_wait();
-    wgmma_fence();
-    st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
-    wgmma_commit();
-    turn_grant(false);
-    wgmma_wait<0>();
-    reg_fence(st.acc_s);
-    mbar_arrive(empty_k(s));
-    {
-      float alpha[2];
-      st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
-      st.convert_p(j * BN, row0, b, h, p);
-    }
-    int s_prev = s;
-    unsigned int phase_prev = phase;
-    if (++s == STAGES) {
-      s = 0;
-      phase ^= 1u;
-    }
-    j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
-    while (j < j_end) {
+    mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
+    if (j_begin < j_end) {
+      int j = j_begin;
+      // Block 0: S_0 only.
       mbar_wait(full_k(s), phase);
       turn_wait();
       wgmma_fence();
       st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
       wgmma_commit();
-      mbar_wait(full_v(s_prev), phase_prev);
-      st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
-      wgmma_commit();
-      turn_grant(false);
-      wgmma_wait<1>();
-      reg_fence(st.acc_s);
-      mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
-      float alpha[2];
-      st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
+      turn_grant();
       wgmma_wait<0>();
-      reg_fence(st.acc_o);
-      mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
-      st.rescale_o(alpha);
-      st.convert_p(j * BN, row0, b, h, p);
-      s_prev = s;
-      phase_prev = phase;
+      reg_fence(st.acc_s);
+      mbar_arrive(empty_k(s));
+      {
+        float alpha[2];
+        st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
+        st.convert_p(j * BN, row0, b, h, p);
+      }
+      int s_prev = s;
+      unsigned int phase_prev = phase;
       if (++s == STAGES) {
         s = 0;
         phase ^= 1u;
       }
       j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+      while (j < j_end) {
+        mbar_wait(full_k(s), phase);
+        turn_wait();
+        wgmma_fence();
+        st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
+        wgmma_commit();
+        mbar_wait(full_v(s_prev), phase_prev);
+        st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+        wgmma_commit();
+        turn_grant();
+        wgmma_wait<1>();
+        reg_fence(st.acc_s);
+        mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
+        float alpha[2];
+        st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
+        wgmma_wait<0>();
+        reg_fence(st.acc_o);
+        reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
+        mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
+        st.rescale_o(alpha);
+        st.convert_p(j * BN, row0, b, h, p);
+        s_prev = s;
+        phase_prev = phase;
+        if (++s == STAGES) {
+          s = 0;
+          phase ^= 1u;
+        }
+        j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+      }
+      mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
+      // The last block's P V.
+      mbar_wait(full_v(s_prev), phase_prev);
+      turn_wait();
+      wgmma_fence();
+      st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+      wgmma_commit();
+      turn_grant();
+      wgmma_wait<0>();
+      reg_fence(st.acc_o);
+      reg_fence(st.p_frag);
+      mbar_arrive(empty_v(s_prev));
+    } else {
+      mbar_arrive(barQfree);
     }
-    // The last block's P V.
-    mbar_wait(full_v(s_prev), phase_prev);
-    turn_wait();
-    wgmma_fence();
-    st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
-    wgmma_commit();
-    turn_grant(true);
-    wgmma_wait<0>();
-    reg_fence(st.acc_o);
-    mbar_arrive(empty_v(s_prev));
-  }
 
-  // Epilogue: O / l straight from the accumulators (rows >= Nq are not written); LSE = (m + log2 l)
-  // * ln 2; rows with no visible key get O = 0 and LSE = -inf.
-  using Tr = ac_type_traits<ac_elem_t>;
-  ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
+    // Epilogue: O / l straight from the accumulators (rows >= Nq are not written); LSE = (m + log2 l)
+    // * ln 2; rows with no visible key get O = 0 and LSE = -inf.
+    using Tr = ac_type_traits<ac_elem_t>;
+    ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float l = st.row_sum[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = (l > 0.f) ? 1.f / l : 0.f;
-    const int r = row0 + g + 8 * hf;
-    if (r < p.Nq) {
-      ac_elem_t* orow = gO + (long long)r * p.o_sn;
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = st.row_sum[hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = (l > 0.f) ? 1.f / l : 0.f;
+      const int r = row0 + g + 8 * hf;
+      if (r < p.Nq) {
+        ac_elem_t* orow = gO + (long long)r * p.o_sn;
 #pragma unroll
-      for (int nt = 0; nt < L::NO / 4; ++nt) {
-        *reinterpret_cast<unsigned int*>(orow + nt * 8 + 2 * t) =
-            Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv, st.acc_o[4 * nt + 2 * hf + 1] * inv);
-      }
-      if (p.lse != nullptr && t == 0) {
-        const float m = st.row_max[hf];
-        p.lse[(long long)bh * p.Nq + r] = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+        for (int nt = 0; nt < L::NO / 4; ++nt) {
+          *reinterpret_cast<unsigned int*>(orow + nt * 8 + 2 * t) =
+              Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv, st.acc_o[4 * nt + 2 * hf + 1] * inv);
+        }
+        if (p.lse != nullptr && t == 0) {
+          const float m = st.row_max[hf];
+          p.lse[(long long)bh * p.Nq + r] = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+        }
       }
     }
   }
+  if (kPingPong && wg == 0) named_bar_sync(kTurnBar + 0, 256);  // the extra grant (see above)
 }
 
 }  // namespace ac

@@ -92,6 +92,11 @@ __device__ __forceinline__ void reg_fence(unsigned int (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+template <int M, int N>
+__device__ __forceinline__ void reg_fence(unsigned int (&r)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) reg_fence(r[i]);
+}
 
 // ---- warp specialization -------------------------------------------------------------------------
 template <int R>
