@@ -132,3 +132,14 @@ def test_fully_masked_rows_are_zero_not_nan():
     assert torch.isinf(lse[:, :, :64]).all() and (lse[:, :, :64] < 0).all()
     res = check_kernel(kern, 1, 2, 200)
     assert res.ok, str(res)
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", ["causal", "alibi_causal", "softcap", "dropout"])
+def test_v3_forward_v2_backward_grads(name):
+    """Under autograd a v3 forward saves out and lse and the v2 backward kernels run from them."""
+    from attncompiler.testing import check_kernel_grads
+
+    kern = ac.compile(spec_for(name, 128, "bf16", 1023), "v3")
+    assert kern.schedule == "v3"
+    assert (r := check_kernel_grads(kern, B, H, 1023)).ok, str(r)
