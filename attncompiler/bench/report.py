@@ -521,7 +521,7 @@ def _latency_figure(data: dict[str, Any], rows: list[dict[str, Any]], path: Path
         ys, xs = [], []
         for i, r in enumerate(rows):
             if r.get(key) is not None:
-                ys.append(i + (j - 1) * h)
+                ys.append(i + (j - (len(bars) - 1) / 2) * h)
                 xs.append(max(r[key], 1e-4))
         if xs:
             ax.barh(ys, xs, height=h * 0.95, color=color, label=label)
