@@ -495,3 +495,16 @@ def test_tracer_reuse_across_mods():
     tr.trace_score(lambda s, b, h, q, kv: s + t[h])
     tr.trace_mask(lambda b, h, q, kv: t[h] > 0)
     assert [n for n, _ in tr.buffers] == ["t"]
+
+
+@pytest.mark.parametrize("prog, thr", [
+    ([(0, 3, -2), (4, 2, -5), (0, 0, -1)], -3),  # sympy's Mod evaluation recursed without end
+    ([(1, 0, 3), (1, 1, 5), (2, 3, 3), (4, 3, 1), (3, 0, -3)], 0),  # and Abs of such a Mod
+])
+def test_integer_programs_that_recurse_in_sympy_trace_and_match(prog, thr):
+    mask = lambda b, h, q, kv: _run_program(prog, q, kv) >= thr  # noqa: E731
+    expr, _ = trace_mask_mod(mask)
+    n = 12
+    q, kv = torch.arange(n).view(n, 1), torch.arange(n).view(1, n)
+    eager = torch.broadcast_to(torch.as_tensor(mask(0, 0, q, kv)), (n, n)).numpy()
+    np.testing.assert_array_equal(eval_expr(expr, None, n)[0], eager)

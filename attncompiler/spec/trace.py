@@ -165,6 +165,21 @@ def _binop(f: Callable[[sympy.Expr, sympy.Expr], Any]) -> Callable[[Any, Any], s
     return lambda a, b: f(as_number(a), as_number(b))
 
 
+def _unevaluated_on_recursion(f: Callable[..., sympy.Basic], *args: Any) -> sympy.Basic:
+    """``f(*args)``; where sympy's automatic evaluation recurses without end (it does for Mod and
+    Abs of some nested integer expressions, e.g. ``(2*x - 2) % (|2*x - 7| + 1)``), the node is kept
+    unevaluated instead, which means the same."""
+    try:
+        return f(*args)
+    except RecursionError:
+        return f(*args, evaluate=False)
+
+
+def _mod(a: sympy.Expr, b: sympy.Expr) -> sympy.Basic:
+    """``a % b``: Python's floor modulo, as torch's on integers."""
+    return _unevaluated_on_recursion(sympy.Mod, a, b)
+
+
 def _logic(f: Callable[..., sympy.Basic], op: str) -> Callable[[Any, Any], sympy.Basic]:
     return lambda a, b: f(as_boolean(a, op), as_boolean(b, op))
 
@@ -173,7 +188,7 @@ def _logic(f: Callable[..., sympy.Basic], op: str) -> Callable[[Any, Any], sympy
 BINARY_OPS: dict[str, Callable[[Any, Any], sympy.Basic]] = {
     "add": _binop(operator.add), "sub": _binop(operator.sub), "mul": _binop(operator.mul),
     "truediv": _binop(operator.truediv),  # true division: q_idx / 2 is the rational q_idx/2
-    "floordiv": _binop(lambda a, b: sympy.floor(a / b)), "mod": _binop(sympy.Mod),
+    "floordiv": _binop(lambda a, b: sympy.floor(a / b)), "mod": _binop(_mod),
     "pow": _binop(operator.pow),
     "and": _logic(sympy.And, "&"), "or": _logic(sympy.Or, "|"), "xor": _logic(sympy.Xor, "^"),
 }
@@ -203,7 +218,7 @@ class Sym:
     # + - * / // % ** & | ^ and comparisons are installed from BINARY_OPS / COMPARE_OPS below
     def __neg__(self) -> Sym: return Sym(-as_number(self))
     def __pos__(self) -> Sym: return Sym(as_number(self))
-    def __abs__(self) -> Sym: return Sym(sympy.Abs(as_number(self)))
+    def __abs__(self) -> Sym: return Sym(_unevaluated_on_recursion(sympy.Abs, as_number(self)))
     def __invert__(self) -> Sym: return Sym(sympy.Not(as_boolean(self, "~")))
 
     # things that need a concrete value
