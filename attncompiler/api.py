@@ -16,10 +16,10 @@ from .codegen.schedule import KernelSource, Schedule, ScheduleError, get_schedul
 from .ir.build import build_ir
 from .ir.types import AttentionIR
 from .plan.model import Plan
-from .plan.planner import auto_schedule
+from .plan.planner import choose_auto
 from .plan.targets import Target, detect_target, get_target
 from .runtime.compiler import LoadedKernel, compile_kernel
-from .runtime.launch import InputError, check_inputs, launch, pack_params, prepare_buffers
+from .runtime.launch import InputError, check_inputs, check_out, launch, pack_params, prepare_buffers
 from .spec.spec import AttentionSpec
 
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
@@ -48,9 +48,11 @@ class CompiledAttention:
     backward_options: dict[str, Any] | None = field(default=None, repr=False)
     _op_id: int = field(default=0, repr=False)
     #: compiled with schedule="auto": calls with Nq <= 16 against a long K/V run the decode schedule
-    #: (plan/decode.py decode_applies), compiled on first use
+    #: (plan/decode.py decode_applies), and a v3 kernel's calls whose strides TMA cannot describe run
+    #: v2; each compiled on first use
     auto_decode: bool = field(default=False, repr=False)
     _decode: "CompiledAttention | None" = field(default=None, repr=False)
+    _v2: "CompiledAttention | None" = field(default=None, repr=False)  # auto: v3's per-call fallback
 
     def __post_init__(self) -> None:
         _autograd.register_kernel(self)  # the custom op refers to this kernel by id
@@ -227,8 +229,9 @@ class CompiledAttention:
         """The forward launch (no autograd): validates, allocates and runs the kernel."""
         dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
-            dec = self._decode_kernel(dims)
-            if dec is not None:  # split-KV decode (same semantics and lse; autograd runs the v2 backward)
+            # split-KV decode, or v2 for strides TMA cannot describe (same semantics and lse)
+            dec = self._decode_kernel(dims) or self._tma_fallback(q, k, v)
+            if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
                                           seed=seed, offset=offset, buffers=buffers, out=out)
                 if hasattr(dec, "last_seed"):
@@ -241,14 +244,7 @@ class CompiledAttention:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
         # Output in q's memory layout (B,H,N,d or B,N,H,d).
         if out is not None:
-            want = (dims.B, dims.H, dims.Nq, dims.DV)
-            if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
-                raise InputError(f"out: expected {want} {q.dtype} on {q.device}, got {tuple(out.shape)} "
-                                 f"{out.dtype} on {out.device}")
-            if out.numel() and (out.stride(-1) != 1 or any(s_ % 8 for s_ in out.stride()[:3]) or out.data_ptr() % 16):
-                raise InputError(f"out: expected a contiguous head dim and 16-byte aligned rows, got strides "
-                                 f"{out.stride()}")
-            o = out
+            o = check_out(out, (dims.B, dims.H, dims.Nq, dims.DV), q)
         elif q.stride(1) < q.stride(2):  # heads inner: (B, N, H, d) storage
             o = torch.empty(dims.B, dims.Nq, dims.H, dims.DV, device=q.device, dtype=q.dtype).transpose(1, 2)
         else:
@@ -290,6 +286,23 @@ class CompiledAttention:
             with self._lock:
                 self._decode = dec = self._decode or dec
         return dec
+
+    def _tma_fallback(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> "CompiledAttention | None":
+        """Under ``schedule="auto"``, the v2 kernel of this spec for a v3 kernel's call whose q / k / v
+        strides the TMA copy engine cannot describe (K/V broadcast by ``.expand()``: stride 0)."""
+        if self.schedule != "v3":
+            return None
+        from .runtime.tma import tma_layout_error
+
+        if all(tma_layout_error(n, t) is None for n, t in (("q", q), ("k", k), ("v", v))):
+            return None
+        with self._lock:
+            alt = self._v2
+        if alt is None:
+            alt = compile(self.spec, "v2", target=self.target, build=False)
+            with self._lock:
+                self._v2 = alt = self._v2 or alt
+        return alt
 
     def backward_source(self, deterministic: bool = False) -> str:
         """The CUDA of the backward kernels (always the v2 backward, whatever the forward schedule)."""
@@ -335,21 +348,29 @@ def compile(
     seqlen_hint: int | None = None,
     **plan_options: Any,
 ) -> CompiledAttention:
-    """Compile ``spec`` with ``schedule`` ("auto", "v1", "v2" or "decode") for ``target`` (default: this GPU).
+    """Compile ``spec`` with ``schedule`` ("auto", "v1", "v2", "v3" or "decode") for ``target``
+    (default: this GPU).
 
-    ``schedule="auto"`` compiles the prefill schedule and, per call, runs the split-KV "decode"
-    schedule instead when Nq <= 16 and Nk >= 512 (:func:`attncompiler.plan.decode.decode_applies`;
-    compiled on first such call; autograd then runs the v2 backward from its out and lse).
+    ``schedule="auto"`` picks the prefill schedule: a plan autotuned on this GPU when one exists
+    (below), else :func:`attncompiler.plan.planner.choose_auto` -- v3 on sm_90 (H100 / H200) when
+    v3 supports the spec (head dims multiples of 64 up to 256) and the plan options, otherwise v2,
+    the reason first in ``.plan.reasons``.  Per call it still runs the split-KV "decode" schedule
+    when Nq <= 16 and Nk >= 512 (:func:`attncompiler.plan.decode.decode_applies`), the v2 varlen
+    kernels for packed sequences (``cu_seqlens_*``), and the v2 kernel for a v3 kernel's inputs
+    the TMA copy engine cannot describe (K/V broadcast with ``.expand()``: stride 0); each compiled
+    on first such call.  The backward is always v2's, from the forward's out and lse.
 
     Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs``, ``stages`` for v2;
-    ``sram_budget`` for v1) override the planner's choice after the same feasibility checks.  With
-    ``schedule="auto"`` and no plan options, a plan autotuned on this GPU
-    (:func:`attncompiler.runtime.autotune.autotune`) is used when one exists: the one tuned for
-    ``seqlen_hint``'s bucket (the query length the kernel will mostly see), else the nearest tuned
-    bucket (``seqlen_hint`` None: the largest); otherwise the model's choice.  Any tuned plan is
-    correct at every length -- the hint only picks the fastest.  ``build`` compiles eagerly
-    (default: when ``target`` is the current GPU).  Kernels are cached by the IR's structure,
-    schedule, plan and target: compiling an equal spec again compiles nothing.
+    ``block_n``, ``stages``, ``persistent`` for v3; ``sram_budget`` for v1) override the planner's
+    choice after the same feasibility checks.  With ``schedule="auto"`` and no plan options, a plan
+    autotuned on this GPU (:func:`attncompiler.runtime.autotune.autotune`; entries tuned with
+    "auto", "v3" or "v2", whichever schedule won: :func:`attncompiler.runtime.tuned.find_tuned`) is
+    used when one exists: the one tuned for ``seqlen_hint``'s bucket (the query length the kernel
+    will mostly see), else the nearest tuned bucket (``seqlen_hint`` None: the largest); otherwise
+    the model's choice.  Any tuned plan is correct at every length -- the hint only picks the
+    fastest.  ``build`` compiles eagerly (default: when ``target`` is the current GPU).  Kernels
+    are cached by the IR's structure, schedule, plan and target: compiling an equal spec again
+    compiles nothing.
     """
     import dataclasses
 
@@ -359,21 +380,29 @@ def compile(
                                     or seqlen_hint < 1):
         raise TypeError(f"seqlen_hint: expected a positive int or None, got {seqlen_hint!r}")
     tgt = _resolve_target(target)
-    name = auto_schedule(tgt) if schedule == "auto" else schedule
-    sched: Schedule = get_schedule(name)
+    if schedule != "auto":
+        get_schedule(schedule)  # an unknown name fails before tracing
     traced = spec.trace()
     ir = build_ir(spec)
     ir_key = ir.key()
+    auto_reasons: tuple[str, ...] = ()
     tuned_reason = None
-    if schedule == "auto" and not plan_options:
-        from .runtime.autotune import find_tuned
+    name = schedule
+    if schedule == "auto":
+        choice = choose_auto(ir, tgt, **plan_options)
+        name, auto_reasons = choice.schedule, (choice.reason,)
+        if not plan_options:
+            from .runtime.autotune import find_tuned
 
-        found = find_tuned(ir, tgt, seqlen_hint, schedule=name, ir_key=ir_key)
-        if found is not None:
-            plan_options = dict(found.options)
-            tuned_reason = (f"autotuned on {found.key.gpu_name} for seqlen bucket {found.key.seqlen_bucket}"
-                            f"{'' if seqlen_hint is None else f' (hint {seqlen_hint})'}: {found.ms:.4g} ms vs the "
-                            f"model's {found.default_ms:.4g} ms ({found.path or 'in memory'})")
+            found = find_tuned(ir, tgt, seqlen_hint, schedule="auto", ir_key=ir_key)
+            if found is not None:
+                name, plan_options = found.schedule, dict(found.options)
+                tuned_reason = (f"autotuned on {found.key.gpu_name} for seqlen bucket {found.key.seqlen_bucket}"
+                                f"{'' if seqlen_hint is None else f' (hint {seqlen_hint})'}: {found.schedule} "
+                                f"{found.ms:.4g} ms vs the model's {found.default_schedule} {found.default_ms:.4g} ms "
+                                f"({found.path or 'in memory'})")
+                auto_reasons = (f"without a tuned plan: {choice.reason}",)
+    sched: Schedule = get_schedule(name)
     key = (ir_key, name, tgt.name, tuple(sorted(plan_options.items())), schedule == "auto")
     with _cache_lock:
         hit = _compiled.get(key)
@@ -383,16 +412,20 @@ def compile(
         except ValueError:
             if tuned_reason is None:
                 raise
-            plan, tuned_reason = sched.make_plan(ir, tgt), None  # a stale tuned plan: the model's choice
-        if tuned_reason is not None:
-            plan = dataclasses.replace(plan, reasons=(tuned_reason, *plan.reasons))
+            choice = choose_auto(ir, tgt)  # a stale tuned plan: the model's choice
+            name, auto_reasons, tuned_reason = choice.schedule, (choice.reason,), None
+            sched = get_schedule(name)
+            plan = sched.make_plan(ir, tgt)
+        reasons = ((tuned_reason,) if tuned_reason is not None else ()) + auto_reasons
+        if reasons:
+            plan = dataclasses.replace(plan, reasons=(*reasons, *plan.reasons))
         ks = sched.render(ir, plan, tgt)
         hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values), auto_decode=schedule == "auto")
         with _cache_lock:
             hit = _compiled.setdefault(key, hit)
         compiled = hit
     else:  # same code; this spec's own scale, dropout and buffer values
-        compiled = CompiledAttention(spec, ir, name, tgt, hit.kernel_source, dict(traced.buffer_values),
+        compiled = CompiledAttention(spec, ir, hit.schedule, tgt, hit.kernel_source, dict(traced.buffer_values),
                                      hit._loaded, hit._lock, auto_decode=schedule == "auto")
     do_build = build if build is not None else (target is None)
     if do_build:

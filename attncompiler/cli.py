@@ -1,18 +1,21 @@
 """The ``attncompiler`` command: show generated CUDA, explain plans, run a variant on the GPU.
 
-    attncompiler show SPEC [--schedule v1|v2] [--arch sm_90] [--backward [--deterministic]]
+    attncompiler show SPEC [--schedule auto|v1|v2|v3|decode] [--arch sm_90] [--backward [--deterministic]]
                                                                 print the generated CUDA
     attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES] [--shape B,H,N]
     attncompiler run  SPEC [--schedule ...] [--shape B,H,N]     compile, check against float64, time
-    attncompiler tune SPEC --shape B,H,N,D [--schedule v2] [--max-candidates K] [--force]
+    attncompiler tune SPEC --shape B,H,N,D [--schedule auto|v1|v2|v3] [--max-candidates K] [--force]
     attncompiler presets                                        list preset names
 
 SPEC is a preset name (``causal``, ``alibi``, ...) or ``path/to/file.py:NAME`` where NAME is an
 AttentionSpec or a function returning one.  Without a GPU, ``run`` plans, renders and compiles the
 kernel with nvcc for the given arch instead of running it.  ``plan --all`` adds the resource model
 (sympy expressions and constraints) and every candidate with its verdict; ``--sram-budget`` is
-FA1's M for v1 (it selects v1 under ``--schedule auto``).  ``tune`` (GPU) benchmarks the feasible
-plans, prints every candidate's time and keeps the fastest for ``compile(schedule="auto")``.
+FA1's M for v1 (it selects v1 under ``--schedule auto``).  Under ``--schedule auto`` (the default)
+``plan`` and ``show`` put the choice and its reason first in the plan's explanation (v3 on sm_90 /
+sm_90a when v3 supports the head dims, else v2: ``attncompiler.plan.planner.choose_auto``).  ``tune``
+(GPU) benchmarks the feasible plans (``auto``: v2's and, on sm_90, v3's), prints every candidate's
+time and keeps the fastest, with its schedule, for ``compile(schedule="auto")``.
 """
 from __future__ import annotations
 
@@ -67,9 +70,11 @@ def _target(arch: str | None):
 
 
 def _kernel_source(args):
+    import dataclasses
+
     from .codegen.schedule import get_schedule
     from .ir.build import build_ir
-    from .plan.planner import auto_schedule
+    from .plan.planner import choose_auto
 
     spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads, seqlen=args.seqlen)
     tgt = _target(args.arch)
@@ -79,11 +84,14 @@ def _kernel_source(args):
     if budget is not None and args.schedule == "auto":
         print("note: --sram-budget is FA1's M, so the v1 schedule is planned", file=sys.stderr)
         args.schedule = "v1"
-    name = auto_schedule(tgt) if args.schedule == "auto" else args.schedule
-    sched = get_schedule(name)
     ir = build_ir(spec)
+    choice = choose_auto(ir, tgt) if args.schedule == "auto" else None
+    name = choice.schedule if choice is not None else args.schedule
+    sched = get_schedule(name)
     opts = {"sram_budget": budget} if name == "v1" and budget is not None else {}
     plan = sched.make_plan(ir, tgt, **opts)
+    if choice is not None:  # the choice and why, first in the explanation (and the source's banner)
+        plan = dataclasses.replace(plan, reasons=(choice.reason, *plan.reasons))
     return spec, ir, tgt, sched, sched.render(ir, plan, tgt)
 
 
@@ -139,6 +147,11 @@ def _cmd_plan(args) -> int:
     print(format_io_report(io_report(ks.plan, B, H, N, N, mask=ir.mask_expr)))
     if args.all:
         print()
+        if ks.schedule == "v3":  # no sympy resource model: the tile space with each tile's numbers
+            from .plan.v3 import format_candidates_v3
+
+            print(format_candidates_v3(ir, tgt))
+            return 0
         print(format_resource_model(ks.schedule))
         if ks.schedule == "v2":
             print()
@@ -151,8 +164,6 @@ def _cmd_tune(args) -> int:
 
     B, H, N, D = _ints(args.shape, 4, "B,H,N,D")
     spec = load_spec(args.spec, head_dim=D, dtype=args.dtype, num_heads=H, seqlen=N)
-    if args.schedule == "auto":
-        args.schedule = "v2"
     try:
         res = autotune(spec, (B, H, N, D), schedule=args.schedule, max_candidates=args.max_candidates,
                        force=args.force, reps=args.reps, progress=not args.quiet)

@@ -18,6 +18,8 @@ Both classify every tile ``[q_lo, q_hi] x [kv_lo, kv_hi]`` (inclusive, clipped t
 lengths, as the kernels do) with the IR's :class:`~attncompiler.ir.bounds.TileClassifier`:
 EMPTY tiles are skipped (no score, no softmax update), FULL tiles run without evaluating the mask,
 PARTIAL tiles evaluate it.  So the result matches the reference only if the classifier is right.
+Masks reading int buffers (document ids) are classified from the buffers' values, exactly as the
+kernels' run-time reads do (:mod:`attncompiler.ir.bufreads`).
 Dropout keep bits come from :func:`attncompiler.philox.dropout_keep_mask` (the kernels' Philox
 counters); the softmax sum l is taken before dropout, as in the kernels.
 """
@@ -103,8 +105,10 @@ def _blocks(n: int, size: int) -> list[tuple[int, int]]:
 class _Tiles:
     """Tile classes of one problem, per (b, h) when the mask reads b or h, else shared."""
 
-    def __init__(self, ir: AttentionIR, B: int, H: int, Nq: int, Nk: int) -> None:
-        self.cls = tile_classifier(ir.mask_expr)
+    def __init__(self, ir: AttentionIR, B: int, H: int, Nq: int, Nk: int,
+                 buffers: Optional[Mapping[str, Any]] = None) -> None:
+        self.cls = tile_classifier(ir.mask_expr, ir.buffers)
+        self.values = self.cls.buffer_values(buffers)  # int buffers the mask's reads range over
         self.B, self.H, self.Nq, self.Nk = B, H, Nq, Nk
         self.per_head = bool(self.cls.inputs() & {SYM_B, SYM_H})
         self.has_mask = ir.mask_expr is not None
@@ -114,9 +118,9 @@ class _Tiles:
         if not self.has_mask:
             return torch.full((self.B, self.H), TILE_FULL, dtype=torch.int64)
         if not self.per_head:
-            c = self.cls.classify(q_lo, q_hi, kv_lo, kv_hi, 0, 0, self.Nq, self.Nk)
+            c = self.cls.classify(q_lo, q_hi, kv_lo, kv_hi, 0, 0, self.Nq, self.Nk, self.values)
             return torch.full((self.B, self.H), c, dtype=torch.int64)
-        return torch.tensor([[self.cls.classify(q_lo, q_hi, kv_lo, kv_hi, b, h, self.Nq, self.Nk)
+        return torch.tensor([[self.cls.classify(q_lo, q_hi, kv_lo, kv_hi, b, h, self.Nq, self.Nk, self.values)
                               for h in range(self.H)] for b in range(self.B)], dtype=torch.int64)
 
 
@@ -146,7 +150,7 @@ class _Problem:
         self.bufs = _prepare_buffers(ir, buffers, torch.float64, cpu)
         self.keep = (dropout_keep_mask(B, H, Nq, Nk, seed=seed, offset=offset, p=self.p_drop)
                      if self.p_drop > 0.0 and Nq and Nk else None)
-        self.tiles = _Tiles(ir, B, H, Nq, Nk)
+        self.tiles = _Tiles(ir, B, H, Nq, Nk, self.bufs)
         self.counts = {TILE_EMPTY: 0, TILE_PARTIAL: 0, TILE_FULL: 0}
         self.scores = 0
         self.mask_evals = 0
@@ -286,14 +290,16 @@ def simulate(ir: AttentionIR, plan: _HasTiles, q: torch.Tensor, k: torch.Tensor,
     return SimResult(out, lse, pr.stats())
 
 
-def tile_classes(ir: AttentionIR, plan: _HasTiles, Nq: int, Nk: int, *, B: int = 1, H: int = 1) -> torch.Tensor:
+def tile_classes(ir: AttentionIR, plan: _HasTiles, Nq: int, Nk: int, *, B: int = 1, H: int = 1,
+                 buffers: Optional[Mapping[str, Any]] = None) -> torch.Tensor:
     """TILE_* of every tile of ``plan``'s grid: int64 (B, H, ceil(Nq / block_m), ceil(Nk / block_n)).
 
     Computes nothing but the classification (cheap at any size): e.g. the share of tiles a sliding
-    window leaves non-empty at N = 16k."""
+    window leaves non-empty at N = 16k.  ``buffers``: values of the int buffers the mask reads
+    (e.g. document ids), without which their reads are unknown (PARTIAL)."""
     bm = _positive("plan.block_m", getattr(plan, "block_m", None))
     bn = _positive("plan.block_n", getattr(plan, "block_n", None))
-    tiles = _Tiles(ir, _positive("B", B), _positive("H", H), _positive("Nq", Nq), _positive("Nk", Nk))
+    tiles = _Tiles(ir, _positive("B", B), _positive("H", H), _positive("Nq", Nq), _positive("Nk", Nk), buffers)
     qb, kb = _blocks(Nq, bm), _blocks(Nk, bn)
     out = torch.empty(B, H, len(qb), len(kb), dtype=torch.int64)
     for i, (q_lo, q_hi) in enumerate(qb):

@@ -13,12 +13,11 @@ Writes JSON lines to $OUT/bench_backward.jsonl (or /tmp) and prints a table with
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
+from _results import Results, device_banner
 
 
 # --configs: backward plan options timed beside the default at N = 16k (infeasible ones are reported).
@@ -113,17 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--check", action="store_true", help="check every config's gradients first (small problems)")
     args = ap.parse_args(argv)
-    out_path = os.path.join(os.environ.get("OUT", "/tmp"), "bench_backward.jsonl")
-    fout = open(out_path, "a")
-    dev = torch.cuda.get_device_name()
-    print(f"# {dev}, torch {torch.__version__}", flush=True)
-    rows = []
-
-    def rec(**kw):
-        rows.append(kw)
-        fout.write(json.dumps(kw) + "\n")
-        fout.flush()
-        print(json.dumps(kw), flush=True)
+    log = Results("bench_backward")
+    dev = device_banner()
+    rows, rec = log.rows, log.add
 
     seqlens = (16384,) if args.quick else (1024, 4096, 16384)
     _precompile(args, seqlens)

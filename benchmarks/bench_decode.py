@@ -14,12 +14,11 @@ $OUT/bench_decode.jsonl (or /tmp) and prints a table last.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
+from _results import Results, device_banner
 
 CONFIGS = ((1, 32, 8), (4, 32, 8), (8, 32, 32))
 KV_LENS = (32768, 65536, 131072)
@@ -85,12 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="KV 32k and 128k only")
     ap.add_argument("--no-flex", action="store_true")
     args = ap.parse_args(argv)
-    out_path = os.path.join(os.environ.get("OUT", "/tmp"), "bench_decode.jsonl")
-    fout = open(out_path, "a")
-    dev = torch.cuda.get_device_name()
+    log = Results("bench_decode")
     bw_copy = copy_bandwidth(do_bench)
-    print(f"# {dev}, torch {torch.__version__}; copy bandwidth {bw_copy / 1e12:.3f} TB/s (read + write)", flush=True)
-    fout.write(json.dumps({"device": dev, "copy_bw": bw_copy}) + "\n")
+    dev = device_banner(f"; copy bandwidth {bw_copy / 1e12:.3f} TB/s (read + write)")
+    log.meta(device=dev, copy_bw=bw_copy)
 
     kern = ac.compile(presets.plain(D))  # schedule "auto": picks decode for Nq = 1 and a long K/V
     flex = None
@@ -100,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
         _dynamo.config.cache_size_limit = 64
         flex = torch.compile(flex_attention, dynamic=False)
-    rows = []
+    rows = log.rows
     for B, H, H_kv in CONFIGS:
         for N in (KV_LENS[0], KV_LENS[-1]) if args.quick else KV_LENS:
             torch.manual_seed(0)
@@ -135,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             rec["pct_copy_bw"] = 100 * rec["ours_bw"] / bw_copy
             rec["ours_graph_bw"] = nbytes / (rec["ours_graph_ms"] * 1e-3)
             rec["pct_copy_bw_graph"] = 100 * rec["ours_graph_bw"] / bw_copy
-            rows.append(rec)
-            fout.write(json.dumps(rec) + "\n")
-            fout.flush()
-            print(json.dumps(rec), flush=True)
+            log.add(**rec)
             del q, k, v, out, ref
             torch.cuda.empty_cache()
     print(f"\n{dev}; copy bandwidth {bw_copy / 1e12:.3f} TB/s; bf16, d={D}, Nq=1; CUDA-graph replays "

@@ -11,12 +11,11 @@ Writes JSON lines to $OUT/bench_forward.jsonl (or /tmp) and prints a table with 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
+from _results import Results, device_banner
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,17 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="N = 16k only")
     ap.add_argument("--head-dims", default="64,128")
     args = ap.parse_args(argv)
-    out_path = os.path.join(os.environ.get("OUT", "/tmp"), "bench_forward.jsonl")
-    fout = open(out_path, "a")
-    dev = torch.cuda.get_device_name()
-    print(f"# {dev}, torch {torch.__version__}", flush=True)
-    rows = []
-
-    def rec(**kw):
-        rows.append(kw)
-        fout.write(json.dumps(kw) + "\n")
-        fout.flush()
-        print(json.dumps(kw), flush=True)
+    log = Results("bench_forward")
+    dev = device_banner()
+    rows, rec = log.rows, log.add
 
     seqlens = (16384,) if args.quick else (1024, 4096, 16384)
     for d in (int(x) for x in args.head_dims.split(",")):

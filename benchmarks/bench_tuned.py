@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     for d, causal in cases:
         H = 2048 // d
         spec = presets.causal(d) if causal else presets.plain(d)
-        res = at.autotune(spec, (B, H, N, d), max_candidates=args.max_candidates, reps=args.reps, force=args.force)
+        res = at.autotune(spec, (B, H, N, d), schedule="v2", max_candidates=args.max_candidates, reps=args.reps,
+                          force=args.force)
         print(at.format_tune_result(res), flush=True)
         kd = ac.compile(spec, "v2", **res.default_options)
         kt = ac.compile(spec, "v2", **res.options)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                          tuned=at.format_options(res.options), tuned_ms=ms_t, ratio=ms_t / ms_d,
                          tflops=flops / ms_t / 1e9, gbps=rep.schedule_bytes / ms_t / 1e6))
         before = at.tune_stats()["benchmarks"]
-        again = at.autotune(spec, (B, H, N, d), progress=False)
+        again = at.autotune(spec, (B, H, N, d), schedule="v2", progress=False)
         assert again.from_cache and at.tune_stats()["benchmarks"] == before, "second call re-benchmarked"
         del sets
     print(f"\n# tuned / default, v2 forward, bf16, {torch.cuda.get_device_name()} (<= 1.00 expected)")

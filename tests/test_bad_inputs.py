@@ -320,6 +320,12 @@ def _cuda_t(*shape: int, dtype: torch.dtype = BF16) -> Callable[[], torch.Tensor
     return lambda: _t(*shape, dtype=dtype, device="cuda")
 
 
+def _long_keys() -> torch.Tensor:
+    """2^21 + 1 keys as a broadcast view (no memory): past the exact range of the hooks' fast
+    index -> float conversion, so an ALiBi spec must refuse it."""
+    return torch.randn(1, 4, 1, 64, device="cuda").to(BF16).expand(1, 4, 2**21 + 1, 64)
+
+
 def _misaligned() -> torch.Tensor:
     flat = torch.randn(2 * 64 * 64 + 1, device="cuda").to(BF16)
     return flat[1:].view(1, 2, 64, 64)  # storage offset 1 element: 2-byte aligned base
@@ -455,6 +461,8 @@ GPU_ROWS: tuple[Row, ...] = (
         ("out: expected None when inputs require grad", "got a tensor")),
     Row("gpu-buffer-wrong-rank", _gcall(_alibi(), H=4, buffers=lambda: {"slopes": torch.ones(4, 1, device="cuda")}),
         InputError, ("buffer 'slopes': expected 1 dims", "got shape (4, 1)")),
+    Row("gpu-alibi-seqlen-over-fast-index-limit", _gcall(_alibi(), H=4, k=_long_keys, v=_long_keys), InputError,
+        ("sizes: expected every one of B, H, Nq, Nk <= 2097152", "Nk=2097153")),
     Row("gpu-kernel-for-another-arch", _other_arch, ScheduleError,
         ("kernel was planned for sm_", "got a device of sm_")),
     # documented behaviours (docs/shapes.md)

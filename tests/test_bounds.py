@@ -6,10 +6,7 @@ Python predicate for brute force -- so the check does not depend on the code und
 from __future__ import annotations
 
 import functools
-import os
 import random
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,108 +20,17 @@ from attncompiler.ir.bounds import (
     INDEX_LIMIT, KV_HI, KV_LO, Q_HI, Q_LO, TILE_EMPTY, TILE_FULL, TILE_PARTIAL, TileClassifier, bound,
     tile_box, tile_classifier,
 )
-from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
+from attncompiler.spec.symbols import B, H, KV_LEN, Q_LEN
 
-Q, KV = Q_IDX, KV_IDX
-DOC_BUF = sympy.IndexedBase("doc")
-DOC = [(i * 7) // 45 for i in range(1000)]
+from _bruteforce import (  # shared with test_ranges.py
+    DOC_BUF, GXX, KV, NVCC, PRELUDE, Q, M, batch_window, bottom_right, capped, causal, chunked, chunked_causal,
+    combined, diag_mod, document, float_mask, half, head_causal, head_shift, host_run, nvcc_compile, prefix,
+    rational, sliding, sliding_br, small, striped, sym_window,
+)
 
-Pred = Callable[[int, int, int, int, int, int], bool]  # (b, h, q, kv, q_len, kv_len) -> visible
-
-
-@dataclass(frozen=True)
-class M:
-    """A mask as sympy expression + Python predicate; ``exact``: classification must be tight."""
-
-    expr: sympy.Basic
-    fn: Pred
-    exact: bool = True
-
-    def __and__(self, o: "M") -> "M":
-        return M(sympy.And(self.expr, o.expr), lambda *a: self.fn(*a) and o.fn(*a), False)
-
-    def __or__(self, o: "M") -> "M":
-        return M(sympy.Or(self.expr, o.expr), lambda *a: self.fn(*a) or o.fn(*a), False)
-
-    def __invert__(self) -> "M":
-        return M(sympy.Not(self.expr), lambda *a: not self.fn(*a), self.exact)
+DOC = [(i * 7) // 45 for i in range(1000)]  # the first 1000 of document()'s ids, as buffer values
 
 
-def causal() -> M:
-    return M(Q >= KV, lambda b, h, q, kv, ql, kl: q >= kv)
-
-
-def bottom_right() -> M:
-    return M(Q + KV_LEN - Q_LEN >= KV, lambda b, h, q, kv, ql, kl: q + kl - ql >= kv)
-
-
-def sliding(w: int) -> M:
-    return M((Q >= KV) & (Q - KV <= w), lambda b, h, q, kv, ql, kl: 0 <= q - kv <= w)
-
-
-def sliding_br(w: int) -> M:
-    d = Q + KV_LEN - Q_LEN - KV
-    return M((d >= 0) & (d < w), lambda b, h, q, kv, ql, kl: 0 <= q + kl - ql - kv < w)
-
-
-def sym_window(w: int) -> M:
-    return M(sympy.Abs(Q - KV) <= w, lambda b, h, q, kv, ql, kl: abs(q - kv) <= w)
-
-
-def prefix(n: int) -> M:
-    return M((KV < n) | (Q >= KV), lambda b, h, q, kv, ql, kl: kv < n or q >= kv)
-
-
-def chunked(c: int) -> M:
-    return M(sympy.Eq(sympy.floor(Q / c), sympy.floor(KV / c)), lambda b, h, q, kv, ql, kl: q // c == kv // c)
-
-
-def chunked_causal(c: int) -> M:
-    return M((sympy.floor(Q / c) >= sympy.floor(KV / c)), lambda b, h, q, kv, ql, kl: q // c >= kv // c)
-
-
-def striped(m: int, r: int) -> M:
-    return M(sympy.Mod(KV, m) < r, lambda b, h, q, kv, ql, kl: kv % m < r)
-
-
-def diag_mod(m: int) -> M:
-    return M(sympy.Eq(sympy.Mod(Q - KV, m), 0), lambda b, h, q, kv, ql, kl: (q - kv) % m == 0)
-
-
-def capped(n: int) -> M:
-    return M(KV <= sympy.Min(Q, n), lambda b, h, q, kv, ql, kl: kv <= min(q, n))
-
-
-def half(k: int) -> M:
-    return M(KV * 2 < Q + k, lambda b, h, q, kv, ql, kl: 2 * kv < q + k)
-
-
-def rational(k: int) -> M:
-    return M(KV <= Q / 3 + sympy.Rational(k, 2), lambda b, h, q, kv, ql, kl: 6 * kv <= 2 * q + 3 * k)
-
-
-def head_causal() -> M:
-    return M(sympy.Eq(H, 0) | (Q >= KV), lambda b, h, q, kv, ql, kl: h == 0 or q >= kv)
-
-
-def batch_window(w: int) -> M:
-    return M(Q - KV <= w + 3 * B, lambda b, h, q, kv, ql, kl: q - kv <= w + 3 * b)
-
-
-def head_shift(k: int) -> M:
-    return M(KV <= sympy.Piecewise((Q, H > 1), (Q - k, True)),
-             lambda b, h, q, kv, ql, kl: kv <= (q if h > 1 else q - k))
-
-
-def document() -> M:
-    return M(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV]), lambda b, h, q, kv, ql, kl: DOC[q] == DOC[kv], False)
-
-
-def float_mask() -> M:
-    return M(Q >= KV * sympy.Float(0.5), lambda b, h, q, kv, ql, kl: q >= kv * 0.5, False)
-
-
-small = st.integers(0, 80)
 base_masks = st.one_of(
     st.just(causal()), st.just(bottom_right()), st.just(head_causal()), st.just(document()),
     st.just(float_mask()), small.map(sliding), small.map(sliding_br), small.map(sym_window),
@@ -133,12 +39,7 @@ base_masks = st.one_of(
     st.integers(1, 9).map(diag_mod), small.map(capped), st.integers(-5, 5).map(half),
     st.integers(-5, 5).map(rational), small.map(batch_window), small.map(head_shift),
 )
-masks = st.recursive(
-    base_masks,
-    lambda kids: st.one_of(st.tuples(kids, kids).map(lambda t: t[0] & t[1]),
-                           st.tuples(kids, kids).map(lambda t: t[0] | t[1]), kids.map(lambda m: ~m)),
-    max_leaves=4,
-)
+masks = combined(base_masks)
 
 
 @dataclass(frozen=True)
@@ -287,32 +188,6 @@ def test_bound_symbolic_and_numeric() -> None:
     assert bound(B + Q, tile_box()) == (B + Q_LO, B + Q_HI)
 
 
-GXX = shutil.which("g++")
-ROOT = Path(__file__).resolve().parents[1]
-CUDA_INC = next((p for p in (os.environ.get("CUDA_HOME", "") + "/include", "/usr/local/cuda/include")
-                 if Path(p, "cuda_fp16.h").exists()), None)
-PRELUDE = r"""
-#include <cstdio>
-#include <algorithm>
-#define __device__
-#define __forceinline__ inline
-#ifdef AC_REAL_COMMON
-#define AC_HOST_DEVICE
-#include "attncompiler/common.cuh"
-#else
-#define AC_TILE_EMPTY 0
-#define AC_TILE_PARTIAL 1
-#define AC_TILE_FULL 2
-inline int ac_clamp(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
-inline int ac_floordiv(int a, int b) { int q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-inline int ac_mod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-#endif
-using std::min;
-using std::max;
-struct AttnParams { int Nq, Nk; };
-struct AttnBuffers { const int* doc; int doc_d0; };
-"""
-
 CUDA_MASKS = [
     None, Q >= KV, Q + KV_LEN - Q_LEN >= KV, sliding(100).expr, sliding_br(64).expr, sym_window(33).expr,
     prefix(128).expr, chunked(64).expr, chunked(37).expr, chunked_causal(48).expr, striped(256, 128).expr,
@@ -347,16 +222,7 @@ def test_cuda_emission_matches_python(tmp_path: Path) -> None:
             tq, tk = rng.choice([(0, 0), (15, 15), (63, 63), (127, 63), (rng.randrange(50), rng.randrange(50))])
             nq, nk = rng.randrange(0, span + 300), rng.randrange(0, span + 300)  # 0: outside the guard
             work.append((i, rng.randrange(3), rng.randrange(4), ql, ql + tq, kl, kl + tk, nq, nk))
-    src, exe = tmp_path / "t.cpp", tmp_path / "t"
-    src.write_text(source)
-    cmd = [GXX, "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
-           "-I", str(ROOT / "templates/include"), str(src), "-o", str(exe)]
-    if CUDA_INC:
-        cmd[1:1] = ["-DAC_REAL_COMMON", "-isystem", CUDA_INC]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:] + "\n" + source[-4000:]
-    out = subprocess.run([str(exe)], input="".join(" ".join(map(str, w)) + "\n" for w in work),
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = host_run(source, "".join(" ".join(map(str, w)) + "\n" for w in work), tmp_path).split()
     assert len(out) == len(work)
     bad = []
     for w, got in zip(work, out):
@@ -376,9 +242,6 @@ def test_cuda_text_causal() -> None:
     assert tile_classifier(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV])).to_cuda().strip().endswith("return AC_TILE_PARTIAL;")
 
 
-NVCC = shutil.which("nvcc")
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_cuda_emission_compiles_with_nvcc(tmp_path: Path) -> None:
     """The bodies compile as device code against the real common.cuh (no GPU needed)."""
@@ -388,13 +251,136 @@ def test_cuda_emission_compiles_with_nvcc(tmp_path: Path) -> None:
         for i, m in enumerate(CUDA_MASKS))
     calls = "".join(f"  c += tc{i}(t & 1, t & 3, t, t + 63, 2 * t, 2 * t + 63, p, buf);\n"
                     for i in range(len(CUDA_MASKS)))
-    src = tmp_path / "k.cu"
-    src.write_text(
-        '#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n'
-        "struct AttnBuffers { const int* doc; int doc_d0; };\n" + fns +
-        'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
-        "  const int t = threadIdx.x;\n  int c = 0;\n" + calls + "  out[t] = c;\n}\n")
-    res = subprocess.run([NVCC, "-arch=sm_80", "-std=c++17", "-Werror", "all-warnings", "-I",
-                          str(ROOT / "templates/include"), "-c", str(src), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:]
+    nvcc_compile(fns + 'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
+                 "  const int t = threadIdx.x;\n  int c = 0;\n" + calls + "  out[t] = c;\n}\n", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# masks reading an int buffer (attncompiler/ir/bufreads.py): value ranges from the buffer itself
+# ---------------------------------------------------------------------------------------------
+KINDS = {"doc": "int"}
+Maker = Callable[[tuple[int, ...]], M]  # buffer values -> mask over them
+
+
+def _at(vals: tuple[int, ...], i: int) -> int:
+    return vals[min(max(i, 0), len(vals) - 1)]  # the kernels clamp buffer indices into range
+
+
+def _buf_leaves() -> list[Maker]:
+    d = DOC_BUF
+    return [
+        lambda vs: M(sympy.Eq(d[Q], d[KV]), lambda b, h, q, kv, ql, kl: _at(vs, q) == _at(vs, kv), False),
+        lambda vs: M(sympy.Ne(d[Q], d[KV]), lambda b, h, q, kv, ql, kl: _at(vs, q) != _at(vs, kv), False),
+        lambda vs: M(d[Q + 5] >= d[KV], lambda b, h, q, kv, ql, kl: _at(vs, q + 5) >= _at(vs, kv), False),
+        lambda vs: M(sympy.Eq(d[sympy.floor(Q / 2)], d[KV - 3]),
+                     lambda b, h, q, kv, ql, kl: _at(vs, q // 2) == _at(vs, kv - 3), False),
+        lambda vs: M(sympy.Ne(d[KV], 0), lambda b, h, q, kv, ql, kl: _at(vs, kv) != 0, False),
+        lambda vs: M(d[Q] - d[KV] <= 2, lambda b, h, q, kv, ql, kl: _at(vs, q) - _at(vs, kv) <= 2, False),
+        lambda vs: M(sympy.Eq(d[H], 1) | (Q >= KV), lambda b, h, q, kv, ql, kl: _at(vs, h) == 1 or q >= kv, False),
+        lambda vs: M(sympy.Eq(d[Q], d[KV]) & (Q >= KV),
+                     lambda b, h, q, kv, ql, kl: _at(vs, q) == _at(vs, kv) and q >= kv, False),
+    ]
+
+
+def _const_maker(m: M) -> Maker:
+    return lambda vs: m
+
+
+_plain_makers = base_masks.filter(lambda m: not m.expr.has(sympy.Indexed)).map(_const_maker)  # not document()
+buf_makers = st.recursive(  # at least one buffer leaf, combined with buffer and index masks
+    st.sampled_from(_buf_leaves()),
+    lambda kids: st.one_of(
+        st.tuples(kids, st.one_of(kids, _plain_makers)).map(lambda t: (lambda vs: t[0](vs) & t[1](vs))),
+        st.tuples(kids, st.one_of(kids, _plain_makers)).map(lambda t: (lambda vs: t[0](vs) | t[1](vs))),
+        kids.map(lambda f: (lambda vs: ~f(vs)))),
+    max_leaves=3,
+)
+
+
+@st.composite
+def buffers(draw: st.DrawFn) -> tuple[str, tuple[int, ...]]:
+    """(kind, values): sorted document ids with random lengths, unsorted ids, constant ids, or ids
+    near the classifier's value guard (+-INDEX_LIMIT)."""
+    kind = draw(st.sampled_from(["sorted", "unsorted", "constant", "huge"]))
+    n = draw(st.integers(1, 400))
+    if kind == "sorted":
+        start, cuts = draw(st.integers(-3, 3)), draw(st.lists(st.integers(1, n), max_size=12))
+        vals = tuple(start + sum(1 for c in cuts if c <= i) for i in range(n))
+    elif kind == "unsorted":
+        vals = tuple(draw(st.lists(st.integers(-2, 5), min_size=n, max_size=n)))
+    elif kind == "constant":
+        vals = (draw(st.integers(-5, 5)),) * n
+    else:
+        big = st.sampled_from([INDEX_LIMIT - 1, INDEX_LIMIT, -INDEX_LIMIT, 1 - INDEX_LIMIT, 0, 1])
+        vals = tuple(draw(st.lists(big, min_size=n, max_size=n)))
+    return kind, vals
+
+
+@functools.lru_cache(maxsize=None)
+def buffer_classifier(expr: sympy.Basic) -> TileClassifier:
+    return tile_classifier(expr, KINDS)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(buf_makers, buffers(), tiles())
+def test_buffer_masks_sound_against_brute_force(maker: Maker, buf: tuple[str, tuple[int, ...]], t: Tile) -> None:
+    """Nothing classified EMPTY holds a visible element, nothing classified FULL a masked one."""
+    kind, vals = buf
+    m = maker(vals)
+    c = buffer_classifier(m.expr)
+    got = c.classify(t.q_lo, t.q_hi, t.kv_lo, t.kv_hi, b=t.b, h=t.h, q_len=t.q_len, kv_len=t.kv_len,
+                     buffers={"doc": vals})
+    truth = brute_force(m, t)
+    assert got == truth or got == TILE_PARTIAL, (m.expr, kind, t, got, truth)
+
+
+@settings(max_examples=200, deadline=None)
+@given(buffers(), tiles())
+def test_document_mask_tight_on_sorted_and_constant_ids(buf: tuple[str, tuple[int, ...]], t: Tile) -> None:
+    """Sorted ids: EMPTY exactly when the tile's two id ranges share no id, FULL exactly when both are
+    one and the same id (so as tight as a precomputed block mask); constant ids: always FULL."""
+    kind, vals = buf
+    m = _buf_leaves()[0](vals)
+    got = buffer_classifier(m.expr).classify(t.q_lo, t.q_hi, t.kv_lo, t.kv_hi, buffers={"doc": vals})
+    if kind in ("sorted", "constant"):
+        assert got == brute_force(m, t), (kind, t, got)
+    if kind == "constant":
+        assert got == TILE_FULL
+
+
+def test_buffer_mask_classified_from_values() -> None:
+    doc = sympy.Eq(DOC_BUF[Q], DOC_BUF[KV])
+    c = tile_classifier(doc, KINDS)
+    assert [r.name for r in c.reads] == ["doc", "doc"] and c.inputs() == {Q_LO, Q_HI, KV_LO, KV_HI}
+    vals = {"doc": DOC}  # ids (7 i) // 45: a new document every 6 or 7 positions (0 .. 6, 7 .. 12, ...)
+    assert c.classify(0, 5, 0, 5, buffers=vals) == TILE_FULL
+    assert c.classify(0, 5, 7, 12, buffers=vals) == TILE_EMPTY
+    assert c.classify(0, 63, 0, 63, buffers=vals) == TILE_PARTIAL
+    assert c.classify(0, 5, 0, 5) == TILE_PARTIAL  # no values given: unknown
+    both = tile_classifier((Q >= KV) & doc, KINDS)
+    assert both.classify(0, 5, 7, 12, buffers=vals) == TILE_EMPTY  # causal alone: EMPTY too
+    assert both.classify(700, 705, 600, 605, buffers=vals) == TILE_EMPTY  # causal alone: FULL
+    assert both.classify(700, 705, 700, 705, buffers=vals) == TILE_PARTIAL  # the diagonal
+    assert both.classify(6, 6, 0, 5, buffers=vals) == TILE_FULL  # positions 0 .. 6: document 0
+    assert both.classify(7, 7, 0, 6, buffers=vals) == TILE_EMPTY  # position 7: document 1
+    assert tile_classifier(doc, {"doc": "float"}).reads == ()  # float buffers: PARTIAL as before
+    assert tile_classifier(doc).classify(0, 5, 0, 5, buffers=vals) == TILE_PARTIAL  # kinds unknown
+    cuda = c.to_cuda()
+    assert "buf.doc_gminmax != nullptr" in cuda and "rd0_ok && rd1_ok" in cuda
+
+
+def test_buffer_read_guards() -> None:
+    n = 100
+    big = {"doc": [INDEX_LIMIT] * n}
+    c = tile_classifier(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV]), KINDS)
+    assert c.classify(0, 9, 0, 9, buffers=big) == TILE_PARTIAL  # values beyond the guard: unknown
+    assert c.classify(0, 9, 0, 9, buffers={"doc": [INDEX_LIMIT - 1] * n}) == TILE_FULL
+    assert c.classify(0, 9, 500, 509, buffers={"doc": list(range(n))}) == TILE_EMPTY  # clamped: 99 only
+    assert c.classify(95, 120, 500, 509, buffers={"doc": list(range(n))}) == TILE_PARTIAL
+    assert tile_classifier(DOC_BUF[Q] * 1000 >= KV, KINDS).reads == ()  # could overflow int32
+    two = sympy.IndexedBase("m")
+    assert tile_classifier(sympy.Ne(two[Q, KV], 0), {"m": "int"}).reads == ()  # two ranged indices
+    with pytest.raises(ValueError, match="expected 1 dims"):
+        c.classify(0, 9, 0, 9, buffers={"doc": [[1, 2], [3, 4]]})
+    with pytest.raises(ValueError, match="int or bool entries"):
+        c.classify(0, 9, 0, 9, buffers={"doc": [1.5, 2.0]})

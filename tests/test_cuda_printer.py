@@ -112,7 +112,12 @@ PRELUDE = r"""
 inline int ac_clamp(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 inline int ac_floordiv(int a, int b) { int q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 inline int ac_mod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+inline float ac_i2f(int i) { return (float)i; }
+inline float ac_tanhf(float x) { return tanhf(x); }
 #endif
+// the fast printer's device intrinsics, on the host
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #define AC_NEG_INF (-INFINITY)
 using std::min;
 using std::max;
@@ -171,10 +176,13 @@ def _c_type(ctype: str) -> str:
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ not found")
-def test_printed_expressions_match_sympy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+def test_printed_expressions_match_sympy(tmp_path: Path, fast: bool) -> None:
+    """C (g++, the real common.cuh when the CUDA headers are found) agrees with sympy at sample points;
+    fast=True as the kernels' hooks print (ac_i2f runs its bit trick on the host too)."""
     fns, cases = [], []
     for i, (name, expr, ctype, kind) in enumerate(CASES):
-        text = print_cuda(expr, kind=kind, buffers=BUFFERS)
+        text = print_cuda(expr, kind=kind, buffers=BUFFERS, fast=fast)
         if kind is None:
             assert cuda_type(expr, buffers=BUFFERS) == ctype, name
         fns.append(
@@ -222,6 +230,25 @@ def test_printed_expressions_match_sympy(tmp_path: Path) -> None:
         if not ok:
             failures.append(f"{name} at {pt}: C {got} vs sympy {want}")
     assert not failures, "\n".join(failures[:30])
+
+
+def test_fast_spelling() -> None:
+    """fast=True: bounded index arithmetic converts with ac_i2f, constant divisors become reciprocal
+    products, tanh is tanh.approx; unbounded int products keep the exact conversion."""
+    from attncompiler.codegen.cuda_printer import uses_fast_index
+    alibi = print_cuda(S + slopes[H] * (KV - Q), buffers=BUFFERS, fast=True)
+    assert alibi == "score + buf.slopes[ac_clamp(h, buf.slopes_d0)] * ac_i2f(kv_idx - q_idx)"
+    assert uses_fast_index(alibi)
+    assert print_cuda(30 * sympy.tanh(S / 30), fast=True) == "30.0f * ac_tanhf(0.033333335f * score)"
+    assert print_cuda(S / slopes[H], buffers=BUFFERS, fast=True) == (
+        "__fdividef(score, buf.slopes[ac_clamp(h, buf.slopes_d0)])")
+    big = print_cuda(S + 3 * Q * KV, fast=True)  # |3 q kv| is not below 2^22: exact I2F
+    assert "(float)(3 * kv_idx * q_idx)" in big and not uses_fast_index(big)
+    assert print_cuda(S + Q + KV_LEN - Q_LEN, fast=True).count("ac_i2f(") == 3
+    assert print_cuda(S * sympy.Abs(KV - Q), fast=True) == "score * ac_i2f(abs(kv_idx - q_idx))"
+    assert print_cuda(S + 2 * Q - KV, fast=True) == "ac_i2f(2 * q_idx) - ac_i2f(kv_idx) + score"  # term by term
+    assert print_cuda(S * (4 * Q - KV), fast=True) == "score * (float)(4 * q_idx - kv_idx)"  # up to 5 * 2^21
+    assert print_cuda(S * Q / 7, fast=True) == "0.14285715f * score * ac_i2f(q_idx)"
 
 
 def test_examples_spelling() -> None:
@@ -286,12 +313,14 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_printed_expressions_compile_with_nvcc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+def test_printed_expressions_compile_with_nvcc(tmp_path: Path, fast: bool) -> None:
     """The same expressions compile as device code against the real common.cuh (no GPU needed)."""
     fns, uses = [], []
     for i, (_, expr, _, kind) in enumerate(CASES):
+        text = print_cuda(expr, kind=kind, buffers=BUFFERS, fast=fast)
         fns.append(f"static __device__ __forceinline__ auto f{i}(float score, int b, int h, int q_idx, int kv_idx,"
-                   f" const AttnParams& p, const AttnBuffers& buf) {{ return {print_cuda(expr, kind=kind, buffers=BUFFERS)}; }}\n")
+                   f" const AttnParams& p, const AttnBuffers& buf) {{ return {text}; }}\n")
         uses.append(f"  acc += (float)f{i}(s, t & 1, t & 3, t, 3 * t, p, buf);\n")
     src = tmp_path / "k.cu"
     src.write_text(

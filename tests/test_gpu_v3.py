@@ -143,3 +143,38 @@ def test_v3_forward_v2_backward_grads(name):
     kern = ac.compile(spec_for(name, 128, "bf16", 1023), "v3")
     assert kern.schedule == "v3"
     assert (r := check_kernel_grads(kern, B, H, 1023)).ok, str(r)
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_auto_is_v3_on_hopper_with_per_call_paths(head_dim):
+    """schedule="auto" compiles v3 on an sm_90 GPU; per call it still runs decode (Nq <= 16, long K/V),
+    the v2 varlen kernels (cu_seqlens), v2 for K/V broadcast by .expand() (stride 0: no TMA map),
+    and the v2 backward under autograd."""
+    from attncompiler.testing import check_kernel_grads
+    from attncompiler.testing_varlen import check_varlen_kernel
+
+    kern = ac.compile(presets.causal(head_dim))
+    assert kern.schedule == "v3" and kern.plan.reasons[0].startswith("schedule 'auto' on sm_90 -> v3")
+    assert (r := check_kernel(kern, 2, 3, 1023)).ok, str(r)
+    assert kern._decode is None and kern._v2 is None
+    assert (r := check_kernel(kern, 1, 4, 2, 2048, H_kv=2)).ok, str(r)  # decode
+    assert kern._decode is not None and kern._decode.schedule == "decode"
+    assert (r := check_varlen_kernel(kern, [300, 17, 1023], H=2)).ok, str(r)  # packed: v2 varlen kernels
+    k1 = torch.randn(1, 1, 500, head_dim, device="cuda", dtype=torch.bfloat16)
+    v1 = torch.randn(1, 1, 500, head_dim, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 4, 500, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = kern(q, k1.expand(1, 4, 500, head_dim), v1.expand(1, 4, 500, head_dim))  # heads stride 0
+    assert kern._v2 is not None and kern._v2.schedule == "v2"
+    torch.testing.assert_close(out, kern(q, k1, v1), atol=2e-2, rtol=2e-2)  # == MQA through v3
+    assert (r := check_kernel_grads(kern, 2, 3, 300)).ok, str(r)
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [32, 96])
+def test_auto_is_v2_where_v3_cannot_tile(head_dim):
+    kern = ac.compile(presets.causal(head_dim))
+    assert kern.schedule == "v2"
+    assert kern.plan.reasons[0] == (f"schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0 and <= 256, got "
+                                    f"head_dim={head_dim}, head_dim_v={head_dim}")
+    assert (r := check_kernel(kern, 2, 3, 333)).ok, str(r)

@@ -47,7 +47,8 @@ def _specs() -> list[ac.AttentionSpec]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _precompile():
-    """Forward (v1, v2) and backward sources of every spec here, compiled in parallel into the disk cache."""
+    """Forward (v1, v2, and what "auto" picks: v3 on sm_90 where it applies) and backward sources of every
+    spec here, compiled in parallel into the disk cache."""
     from attncompiler.plan.targets import detect_target
     from attncompiler.runtime.backward import bwd_source
     from attncompiler.runtime.compiler import precompile_to_disk
@@ -62,6 +63,11 @@ def _precompile():
                 jobs.append((sched.render(ir, sched.make_plan(ir, tgt), tgt).source, tgt.nvrtc_arch))
             except PlanError:
                 pass  # the head-dim test asserts the refusal
+        try:  # ac.compile(spec) ("auto"): its plan carries the choice's reason, so its own source
+            ks = ac.compile(spec, target=tgt, build=False).kernel_source
+            jobs.append((ks.source, ks.arch))
+        except PlanError:
+            pass
         try:
             jobs.append((bwd_source(ir, tgt).source, tgt.nvrtc_arch))
         except PlanError:

@@ -299,13 +299,63 @@ def test_v2_different_value_dim() -> None:
 
 def test_plan_dispatch() -> None:
     p = plan(ProblemDims(128), "auto", target="sm_90")
-    assert p.schedule == "v2" and "auto" in p.reasons[0]
+    assert p.schedule == "v3" and p.reasons[0].startswith("schedule 'auto' on sm_90 -> v3")
+    p = plan(ProblemDims(96), "auto", target="sm_90")
+    assert p.schedule == "v2" and p.reasons[0].startswith("schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64")
     assert plan(ProblemDims(128), "v1", target="h100").schedule == "v1"
     assert plan(ProblemDims(128), "v1", target="sm_90", sram_budget=65536).sram_budget_bytes == 65536
     assert plan(ProblemDims(128), "v2", target="sm_90", block_n=32).block_n == 32
     assert plan(ProblemDims(128), "v3", target="sm_90").schedule == "v3"
     with pytest.raises(PlanError, match=r"unknown schedule 'v9'; expected one of v1, v2, v3, auto"):
         plan(ProblemDims(128), "v9", target="sm_90")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "h100", "gh200"])
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (256, 256), (192, 128), (128, 64)])
+def test_auto_picks_v3_on_hopper(arch: str, d: int, dv: int) -> None:
+    from attncompiler.plan import auto_schedule, choose_auto
+
+    c = choose_auto(ProblemDims(d, dv), arch)
+    assert c.schedule == "v3" and c.reason.startswith("schedule 'auto' on sm_90 -> v3: Hopper")
+    assert f"D={d}, DV={dv}" in c.reason and auto_schedule(arch, ProblemDims(d, dv)) == "v3"
+    assert plan(ProblemDims(d, dv), "auto", target=arch).reasons[0] == c.reason
+
+
+@pytest.mark.parametrize("d,dv,why", [(96, 96, "got head_dim=96, head_dim_v=96"), (32, 32, "got head_dim=32"),
+                                      (128, 96, "got head_dim_v=96"), (320, 320, "got head_dim=320")])
+def test_auto_falls_back_to_v2_with_the_reason(d: int, dv: int, why: str) -> None:
+    from attncompiler.plan import choose_auto
+
+    c = choose_auto(ProblemDims(d, dv), "sm_90")
+    assert c.schedule == "v2" and c.reason.startswith("schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0 "
+                                                      "and <= 256") and why in c.reason
+    if d <= 256 and dv <= 256:  # v2 plans it, with the reason first
+        p = plan(ProblemDims(d, dv), "auto", target="sm_90")
+        assert p.schedule == "v2" and p.reasons[0] == c.reason
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_100", "sm_120"])
+def test_auto_is_v2_off_hopper(arch: str) -> None:
+    from attncompiler.plan import auto_schedule, choose_auto
+
+    c = choose_auto(ProblemDims(128), arch)
+    assert c.schedule == "v2" and f"v3 needs sm_90a (TMA, wgmma, setmaxnreg), got {arch}" in c.reason
+    assert auto_schedule(arch) == "v2" and auto_schedule(arch, ProblemDims(128)) == "v2"
+    assert plan(ProblemDims(128), "auto", target=arch).schedule == "v2"
+
+
+def test_auto_with_plan_options() -> None:
+    from attncompiler.plan import choose_auto
+
+    # options v3 takes (and accepts) keep v3; v2-only options or ones v3 refuses pick v2, saying why
+    assert choose_auto(ProblemDims(128), "sm_90", block_n=64, stages=2, persistent=True).schedule == "v3"
+    c = choose_auto(ProblemDims(128), "sm_90", q_in_regs=True, num_warps=4)
+    assert c.schedule == "v2" and "expected v3 plan options (block_n, stages, persistent), got q_in_regs" in c.reason
+    c = choose_auto(ProblemDims(128), "sm_90", block_m=64)
+    assert c.schedule == "v2" and "expected block_m=128" in c.reason
+    c = choose_auto(ProblemDims(256), "sm_90", block_n=256)
+    assert c.schedule == "v2" and "registers per consumer thread > 240" in c.reason
+    assert plan(ProblemDims(128), "auto", target="sm_90", block_n=64).block_n == 64
 
 
 def test_plan_accepts_ir_like_objects() -> None:
@@ -518,12 +568,31 @@ def test_nvcc_default_plans_do_not_spill(d: int) -> None:
 
 def test_cli_plan_all_lists_candidates_model_and_io(capsys: pytest.CaptureFixture) -> None:
     from attncompiler.cli import main
-    assert main(["plan", "causal", "--arch", "sm_90", "--all", "--shape", "1,16,4096"]) == 0
+    assert main(["plan", "causal", "--schedule", "v2", "--arch", "sm_90", "--all", "--shape", "1,16,4096"]) == 0
     out = capsys.readouterr().out
     assert "v2 plan for sm_90" in out and "HBM IO: v2 (FA2 forward) plan on sm_90; B=1 H=16 Nq=4096" in out
     assert "resource model (v2" in out and "smem: ELEM_BYTES*(BLOCK_M*(Max(D, DV) + 8)" in out
     assert "rank  BLOCK_M  BLOCK_N  warps  stages" in out and " NO  " in out and " yes  feasible" in out
     assert "non-empty" in out  # the causal tiles the kernel skips are skipped in the IO report too
+
+
+def test_cli_plan_and_show_explain_the_auto_choice(capsys: pytest.CaptureFixture) -> None:
+    from attncompiler.cli import main
+    assert main(["plan", "causal", "--arch", "sm_90", "--all", "--shape", "1,16,4096"]) == 0
+    out = capsys.readouterr().out
+    assert "v3 plan for sm_90" in out and "1. schedule 'auto' on sm_90 -> v3: Hopper" in out
+    assert "HBM IO: v3 plan on sm_90" in out and "v3 candidates on sm_90" in out
+    assert main(["plan", "causal", "--arch", "sm_90", "--head-dim", "96"]) == 0
+    out = capsys.readouterr().out
+    assert "v2 plan for sm_90" in out and "1. schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0" in out
+    assert main(["plan", "causal", "--arch", "sm_80"]) == 0
+    assert "1. schedule 'auto' on sm_80 -> v2: v3 needs sm_90a" in capsys.readouterr().out
+    assert main(["show", "causal", "--arch", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    assert "-- schedule v3" in out and "//    1. schedule 'auto' on sm_90 -> v3" in out
+    assert main(["show", "causal", "--arch", "sm_90a", "--head-dim", "96"]) == 0
+    out = capsys.readouterr().out
+    assert "-- schedule v2" in out and "//    1. schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64" in out
 
 
 def test_cli_plan_sram_budget(capsys: pytest.CaptureFixture) -> None:

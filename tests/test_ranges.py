@@ -7,11 +7,7 @@ the visible indices (empty exactly when nothing is visible).
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,131 +18,38 @@ from hypothesis import strategies as st
 
 from attncompiler.ir.bounds import INDEX_LIMIT
 from attncompiler.ir.ranges import IndexRange, index_range, kv_range, q_range
-from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
+from attncompiler.spec.symbols import H
 
-Q, KV = Q_IDX, KV_IDX
-DOC_BUF = sympy.IndexedBase("doc")
-DOC = [(i * 7) // 45 for i in range(5000)]
-
-Pred = Callable[[int, int, int, int, int, int], bool]  # (b, h, q, kv, q_len, kv_len) -> visible
-
-
-BOTH, NONE = frozenset({"kv", "q"}), frozenset()
+from _bruteforce import (  # shared with test_bounds.py
+    GXX, KV, NONE, NVCC, PRELUDE, Q, M, batch_window, bottom_right, capped, causal, chunked, chunked_causal, combined,
+    diag_mod, document, float_mask, half, head_causal, head_shift, host_run, nvcc_compile, prefix, rational, sliding,
+    sliding_br, small, striped, sym_window,
+)
 
 
-@dataclass(frozen=True)
-class M:
-    expr: sympy.Basic
-    fn: Pred
-    tight: frozenset[str] = BOTH  # the axes along which the range must be exact
-
-    def __and__(self, o: "M") -> "M":  # intersection of hulls: sound, not tight in general
-        return M(sympy.And(self.expr, o.expr), lambda *a: self.fn(*a) and o.fn(*a), NONE)
-
-    def __or__(self, o: "M") -> "M":  # hull of the union: tight where both are
-        return M(sympy.Or(self.expr, o.expr), lambda *a: self.fn(*a) or o.fn(*a), self.tight & o.tight)
-
-    def __invert__(self) -> "M":
-        return M(sympy.Not(self.expr), lambda *a: not self.fn(*a), NONE)
-
-
-def causal() -> M:
-    return M(Q >= KV, lambda b, h, q, kv, ql, kl: q >= kv)
-
-
-def bottom_right() -> M:
-    return M(Q + KV_LEN - Q_LEN >= KV, lambda b, h, q, kv, ql, kl: q + kl - ql >= kv)
-
-
-def sliding(w: int) -> M:  # presets.sliding_window
-    return M((Q >= KV) & (Q - KV <= w), lambda b, h, q, kv, ql, kl: 0 <= q - kv <= w)
-
-
-def sliding_br(w: int) -> M:
-    d = Q + KV_LEN - Q_LEN - KV
-    return M((d >= 0) & (d < w), lambda b, h, q, kv, ql, kl: 0 <= q + kl - ql - kv < w)
-
-
-def sym_window(w: int) -> M:
-    return M(sympy.Abs(Q - KV) <= w, lambda b, h, q, kv, ql, kl: abs(q - kv) <= w)
-
-
-def prefix(n: int) -> M:  # presets.prefix_lm
-    return M((KV < n) | (Q >= KV), lambda b, h, q, kv, ql, kl: kv < n or q >= kv)
-
-
-def chunked(c: int) -> M:
-    return M(sympy.Eq(sympy.floor(Q / c), sympy.floor(KV / c)), lambda b, h, q, kv, ql, kl: q // c == kv // c)
-
-
-def chunked_causal(c: int) -> M:
-    return M(sympy.floor(Q / c) >= sympy.floor(KV / c), lambda b, h, q, kv, ql, kl: q // c >= kv // c)
-
-
+# Masks of the range tests only (the others: tests/_bruteforce.py); ``tight`` as M's.
 def chunk_shift(c: int, k: int) -> M:
     return M(sympy.Eq(sympy.floor((KV + k) / c), sympy.floor(Q / c)),
              lambda b, h, q, kv, ql, kl: (kv + k) // c == q // c)
-
-
-def striped(m: int, r: int) -> M:
-    return M(sympy.Mod(KV, m) < r, lambda b, h, q, kv, ql, kl: kv % m < r, NONE)
-
-
-def diag_mod(m: int) -> M:
-    return M(sympy.Eq(sympy.Mod(Q - KV, m), 0), lambda b, h, q, kv, ql, kl: (q - kv) % m == 0, NONE)
-
-
-def capped(n: int) -> M:
-    return M(KV <= sympy.Min(Q, n), lambda b, h, q, kv, ql, kl: kv <= min(q, n))
 
 
 def floor_band(n: int) -> M:
     return M(KV >= sympy.Max(Q - n, 0) / 2, lambda b, h, q, kv, ql, kl: 2 * kv >= max(q - n, 0))
 
 
-def half(k: int) -> M:
-    return M(KV * 2 < Q + k, lambda b, h, q, kv, ql, kl: 2 * kv < q + k)
-
-
-def rational(k: int) -> M:
-    return M(KV <= Q / 3 + sympy.Rational(k, 2), lambda b, h, q, kv, ql, kl: 6 * kv <= 2 * q + 3 * k)
-
-
 def point_eq(k: int) -> M:
     return M(sympy.Eq(2 * KV, Q + k), lambda b, h, q, kv, ql, kl: 2 * kv == q + k,
-             frozenset({"kv"}))  # q = 2 kv - k steps by 2: the clamp to q_len - 1 may miss it
-
-
-def head_causal() -> M:
-    return M(sympy.Eq(H, 0) | (Q >= KV), lambda b, h, q, kv, ql, kl: h == 0 or q >= kv)
+             tight=frozenset({"kv"}))  # q = 2 kv - k steps by 2: the clamp to q_len - 1 may miss it
 
 
 def late_rows(n: int) -> M:  # rows before n see nothing (fully masked rows)
-    return M((Q >= n) & (KV <= Q), lambda b, h, q, kv, ql, kl: q >= n and kv <= q, NONE)
-
-
-def batch_window(w: int) -> M:
-    return M(Q - KV <= w + 3 * B, lambda b, h, q, kv, ql, kl: q - kv <= w + 3 * b)
-
-
-def head_shift(k: int) -> M:
-    return M(KV <= sympy.Piecewise((Q, H > 1), (Q - k, True)),
-             lambda b, h, q, kv, ql, kl: kv <= (q if h > 1 else q - k))
+    return M((Q >= n) & (KV <= Q), lambda b, h, q, kv, ql, kl: q >= n and kv <= q, tight=NONE)
 
 
 def not_equal(k: int) -> M:
-    return M(sympy.Ne(KV, Q + k), lambda b, h, q, kv, ql, kl: kv != q + k, NONE)
+    return M(sympy.Ne(KV, Q + k), lambda b, h, q, kv, ql, kl: kv != q + k, tight=NONE)
 
 
-def document() -> M:
-    return M(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV]), lambda b, h, q, kv, ql, kl: DOC[q] == DOC[kv], NONE)
-
-
-def float_mask() -> M:
-    return M(Q >= KV * sympy.Float(0.5), lambda b, h, q, kv, ql, kl: q >= kv * 0.5, NONE)
-
-
-small = st.integers(0, 80)
 base_masks = st.one_of(
     st.just(causal()), st.just(bottom_right()), st.just(head_causal()), st.just(document()),
     st.just(float_mask()), small.map(sliding), small.map(sliding_br), small.map(sym_window),
@@ -157,12 +60,7 @@ base_masks = st.one_of(
     st.integers(-5, 5).map(rational), st.integers(-5, 5).map(point_eq), small.map(late_rows),
     small.map(batch_window), small.map(head_shift), st.integers(-5, 5).map(not_equal),
 )
-masks = st.recursive(
-    base_masks,
-    lambda kids: st.one_of(st.tuples(kids, kids).map(lambda t: t[0] & t[1]),
-                           st.tuples(kids, kids).map(lambda t: t[0] | t[1]), kids.map(lambda m: ~m)),
-    max_leaves=4,
-)
+masks = combined(base_masks)
 
 
 @dataclass(frozen=True)
@@ -290,7 +188,7 @@ def test_rendered_prelude_has_range_hooks() -> None:
 
 
 def kernel_blocks(m: M, bm: int, bn: int, q_len: int, kv_len: int, b: int = 0, h: int = 0) -> tuple[list, int]:
-    """v2_fwd.cuh's K/V loop replayed in Python for every query block: the blocks it visits (those
+    """v2_fwd.cuh's K/V loop (ranges.cuh) replayed in Python for every query block: the blocks it visits (those
     of [kv_min / BN, kv_max / BN] that tile_class does not prove EMPTY) and its tile_class calls."""
     from attncompiler.ir.bounds import TILE_EMPTY, tile_classifier
 
@@ -346,30 +244,6 @@ def test_window_scan_cost_at_16k() -> None:
 # ---------------------------------------------------------------------------------------------
 # CUDA emission == Python (g++ on the host, with the real common.cuh when CUDA headers exist)
 # ---------------------------------------------------------------------------------------------
-GXX = shutil.which("g++")
-NVCC = shutil.which("nvcc")
-ROOT = Path(__file__).resolve().parents[1]
-CUDA_INC = next((p for p in (os.environ.get("CUDA_HOME", "") + "/include", "/usr/local/cuda/include")
-                 if Path(p, "cuda_fp16.h").exists()), None)
-PRELUDE = r"""
-#include <cstdio>
-#include <algorithm>
-#define __device__
-#define __forceinline__ inline
-#ifdef AC_REAL_COMMON
-#define AC_HOST_DEVICE
-#include "attncompiler/common.cuh"
-#else
-inline int ac_clamp(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
-inline int ac_floordiv(int a, int b) { int q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-inline int ac_mod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-#endif
-using std::min;
-using std::max;
-struct AttnParams { int Nq, Nk; };
-struct AttnBuffers { const int* doc; int doc_d0; };
-"""
-
 CUDA_MASKS = [
     None, causal().expr, bottom_right().expr, sliding(1024).expr, sliding_br(64).expr, sym_window(33).expr,
     prefix(128).expr, chunked(64).expr, chunked(37).expr, chunked_causal(48).expr, chunk_shift(16, -5).expr,
@@ -407,16 +281,8 @@ def test_cuda_emission_matches_python(tmp_path: Path) -> None:
             e1 = e0 + rng.choice([0, 15, 63, 127, rng.randrange(50)])
             nq, nk = rng.randrange(0, span + 300), rng.randrange(0, span + 300)  # 0: outside the guard
             work.append((fn, rng.randrange(3), rng.randrange(4), e0, e1, nq, nk))
-    src, exe = tmp_path / "r.cpp", tmp_path / "r"
-    src.write_text(source)
-    cmd = [GXX, "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
-           "-Wno-unused-but-set-parameter", "-I", str(ROOT / "templates/include"), str(src), "-o", str(exe)]
-    if CUDA_INC:
-        cmd[1:1] = ["-DAC_REAL_COMMON", "-isystem", CUDA_INC]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:] + "\n" + source[-3000:]
-    out = subprocess.run([str(exe)], input="".join(" ".join(map(str, w)) + "\n" for w in work),
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = host_run(source, "".join(" ".join(map(str, w)) + "\n" for w in work), tmp_path,
+                   ("-Wno-unused-but-set-parameter",)).splitlines()
     assert len(out) == len(work)
     bad = []
     for w, got in zip(work, out):
@@ -436,16 +302,9 @@ def test_cuda_emission_compiles_with_nvcc(tmp_path: Path) -> None:
     calls = "".join(f"  kv_range_{i}(t & 1, t & 3, t, t + 63, p, buf, lo, hi); c += lo + hi;\n"
                     f"  q_range_{i}(t & 1, t & 3, 2 * t, 2 * t + 63, p, buf, lo, hi); c += lo - hi;\n"
                     for i in range(len(CUDA_MASKS)))
-    src = tmp_path / "k.cu"
-    src.write_text(
-        '#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n'
-        "struct AttnBuffers { const int* doc; int doc_d0; };\n" + _functions("kv") + _functions("q") +
-        'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
-        "  const int t = threadIdx.x;\n  int c = 0, lo, hi;\n" + calls + "  out[t] = c;\n}\n")
-    res = subprocess.run([NVCC, "-arch=sm_80", "-std=c++17", "-Werror", "all-warnings", "-I",
-                          str(ROOT / "templates/include"), "-c", str(src), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:]
+    nvcc_compile(_functions("kv") + _functions("q") +
+                 'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
+                 "  const int t = threadIdx.x;\n  int c = 0, lo, hi;\n" + calls + "  out[t] = c;\n}\n", tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -142,7 +142,10 @@ class _Liar:
     def inputs(self) -> frozenset:
         return frozenset()
 
-    def classify(self, *args: int) -> int:
+    def buffer_values(self, buffers: object) -> dict:
+        return {}
+
+    def classify(self, *args: object) -> int:
         return self.answer
 
 
@@ -157,7 +160,7 @@ def test_a_wrong_classifier_gives_a_wrong_answer(monkeypatch: pytest.MonkeyPatch
     ref = reference_attention(q, k, v, ir)
     good = simulate(ir, TileSchedule(sched, 16, 16), q, k, v).out
     assert float((good - ref).abs().max()) <= TOL
-    monkeypatch.setattr(sim, "tile_classifier", lambda mask: _Liar(answer))
+    monkeypatch.setattr(sim, "tile_classifier", lambda mask, buffers=None: _Liar(answer))
     bad = simulate(ir, TileSchedule(sched, 16, 16), q, k, v).out
     assert float((bad - ref).abs().max()) > 1e-3
 

@@ -21,6 +21,20 @@ into one CUDA C++ expression.  Every sub-expression is given a C type -- ``bool`
   multiplied through by the common denominator so that it is decided exactly in ``int``.
 * ``Piecewise`` prints as nested ``(c ? a : b)``; booleans as ``&&``, ``||``, ``!``.
 
+``fast=True`` (what the kernels' hooks use, :mod:`attncompiler.codegen.hooks`) trades the last ulp
+for throughput in the per-element hook math, where every extra MUFU / conversion instruction
+competes with the softmax's exp2 for the same quarter-rate pipe:
+
+* an int expression whose magnitude is provably below ``2**22`` when every index and length is at
+  most :data:`FAST_INDEX_LIMIT` (sums and products of ``q_idx, kv_idx, b, h, p.Nq, p.Nk`` and
+  constants) converts with ``ac_i2f`` -- an integer add and a float subtract on the FMA pipes,
+  exact in that range -- instead of an I2F instruction; the runtime refuses longer sequences for
+  such variants (:func:`uses_fast_index` + the launch checks);
+* division by a constant multiplies by its float reciprocal, division by a run-time value is
+  ``__fdividef`` and ``1/sqrt`` is ``rsqrtf`` (no IEEE division subroutine per element);
+* ``tanh`` is ``ac_tanhf`` (``tanh.approx.f32``: one MUFU op, max relative error ~2**-11, as
+  FlashAttention's softcapping uses).
+
 Buffers ``name[i0, ..., ik]`` print row-major with clamped indices (docs/architecture.md).  Their
 element type comes from ``buffers`` (``BufferInfo``'s or a name -> kind mapping), else from the
 IndexedBase's ``integer`` assumption, else ``float``.
@@ -42,7 +56,8 @@ from sympy.logic.boolalg import BooleanFalse, BooleanTrue
 
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN, SCORE
 
-__all__ = ["CType", "PrinterError", "CudaPrinter", "SYMBOL_NAMES", "print_cuda", "cuda_type", "int_division_parts"]
+__all__ = ["CType", "PrinterError", "CudaPrinter", "SYMBOL_NAMES", "print_cuda", "cuda_type", "int_division_parts",
+           "FAST_INDEX_LIMIT", "uses_fast_index"]
 
 CType = Literal["bool", "int", "float"]
 
@@ -72,6 +87,12 @@ _INT32_MAX = 2**31 - 1
 _MAX_INT_POW = 8  # x**n with integer n up to this prints as repeated multiplication (int)
 _MAX_FLOAT_POW = 4  # ... and up to this for float; beyond, powf
 
+#: fast=True: the ``ac_i2f`` conversions are proven exact for indices (q_idx, kv_idx, b, h) below and
+#: lengths (Nq, Nk, B, H) up to this; the runtime refuses larger ones for variants that use them.
+FAST_INDEX_LIMIT = 2**21
+#: ``ac_i2f`` (common.cuh) is exact for integers in [-2**22, 2**22).
+_FAST_I2F_BOUND = 2**22 - 1
+
 
 class PrinterError(ValueError):
     """A sympy expression that has no CUDA spelling here."""
@@ -87,6 +108,7 @@ class _Out(NamedTuple):
     text: str
     ctype: str
     prec: int
+    bound: int | None = None  # int results: |value| <= bound when indices <= FAST_INDEX_LIMIT
 
 
 def _wrap(o: _Out, min_prec: int) -> str:
@@ -117,7 +139,7 @@ def _float_literal(v: float) -> _Out:
 
 def _int_literal(n: int) -> _Out:
     text = str(n) if abs(n) <= _INT32_MAX else f"{n}LL"
-    return _Out(text, "int", _UNARY if n < 0 else _ATOM)
+    return _Out(text, "int", _UNARY if n < 0 else _ATOM, abs(n))
 
 
 def _join(types: Iterable[str]) -> str:
@@ -149,10 +171,11 @@ class CudaPrinter:
     names: tuple[tuple[sympy.Symbol, str], ...] = SYMBOL_NAMES
     float_symbols: frozenset[sympy.Symbol] = frozenset({SCORE})
     buffers: tuple[tuple[str, str, int], ...] = field(default=())
+    fast: bool = False  # the kernels' hook math (module docstring)
 
     def with_names(self, extra: Mapping[sympy.Symbol, str]) -> "CudaPrinter":
         """A printer that also knows the symbols in ``extra`` (int unless in float_symbols)."""
-        return CudaPrinter(self.names + tuple(extra.items()), self.float_symbols, self.buffers)
+        return CudaPrinter(self.names + tuple(extra.items()), self.float_symbols, self.buffers, self.fast)
 
     def print(self, expr: sympy.Basic | bool | int | float, kind: CType | None = None) -> str:
         return _Emitter(self).top(_sympify(expr), kind)
@@ -172,14 +195,22 @@ def print_cuda(
     *,
     kind: CType | None = None,
     buffers: object = None,
+    fast: bool = False,
 ) -> str:
     """CUDA C++ expression for ``expr``.
 
     ``kind`` asks for a result type: "float" casts an int (or bool) result to float, "int" accepts
     int (bool becomes 0/1; float raises), "bool" compares a number with 0.  ``buffers``: the
-    IR's ``BufferInfo`` tuple or ``{name: "float" | "int"}``.
+    IR's ``BufferInfo`` tuple or ``{name: "float" | "int"}``.  ``fast``: the kernels' hook math
+    (module docstring).
     """
-    return CudaPrinter(buffers=_buffer_kinds(buffers)).print(expr, kind)
+    return CudaPrinter(buffers=_buffer_kinds(buffers), fast=fast).print(expr, kind)
+
+
+def uses_fast_index(text: str) -> bool:
+    """Whether printed (``fast=True``) code converts indices with ``ac_i2f``, which is exact only
+    for indices and lengths up to :data:`FAST_INDEX_LIMIT`."""
+    return "ac_i2f(" in text
 
 
 def cuda_type(expr: sympy.Basic | bool | int | float, *, buffers: object = None) -> CType:
@@ -194,6 +225,7 @@ class _Emitter:
         self.names = dict(cfg.names)
         self.float_symbols = cfg.float_symbols
         self.buffers = {name: (kind, ndim) for name, kind, ndim in cfg.buffers}
+        self.fast = cfg.fast
         self.memo: dict[sympy.Basic, _Out] = {}
 
     # -- entry points -------------------------------------------------------------------------
@@ -227,6 +259,8 @@ class _Emitter:
             return _Out(f"({_wrap(o, _COND + 1)} ? 1.0f : 0.0f)", "float", _ATOM)
         if o.text.lstrip("-").isdigit():  # an int literal
             return _float_literal(float(int(o.text)))
+        if self.fast and o.bound is not None and o.bound <= _FAST_I2F_BOUND:
+            return _Out(f"ac_i2f({o.text})", "float", _ATOM)
         return _Out(f"(float){_wrap(o, _UNARY)}", "float", _UNARY)
 
     def as_bool(self, o: _Out) -> _Out:
@@ -258,7 +292,11 @@ class _Emitter:
             if e not in self.names:
                 known = ", ".join(sorted(str(s) for s in self.names))
                 raise PrinterError(f"unknown symbol {e} (known: {known})")
-            return _Out(self.names[e], "float" if e in self.float_symbols else "int", _ATOM)
+            if e in self.float_symbols:
+                return _Out(self.names[e], "float", _ATOM)
+            # indices are < FAST_INDEX_LIMIT, lengths <= FAST_INDEX_LIMIT (checked at launch)
+            bound = {B: -1, H: -1, Q_IDX: -1, KV_IDX: -1, Q_LEN: 0, KV_LEN: 0}.get(e)
+            return _Out(self.names[e], "int", _ATOM, None if bound is None else FAST_INDEX_LIMIT + bound)
         if isinstance(e, sympy.Indexed):
             return self._indexed(e)
         if e.is_Add:
@@ -275,7 +313,7 @@ class _Emitter:
             a = self.p(e.args[0])
             fn = "fabsf" if a.ctype == "float" else "abs"
             self._no_bool(a, e)
-            return _Out(f"{fn}({a.text})", a.ctype, _ATOM)
+            return _Out(f"{fn}({a.text})", a.ctype, _ATOM, a.bound)
         if isinstance(e, sympy.sign):
             a = self.p(e.args[0])
             self._no_bool(a, e)
@@ -290,7 +328,8 @@ class _Emitter:
             return self._ternary([(e.args[1], e.args[0])], e.args[2])
         if type(e) in _FLOAT_FUNCS:
             args = ", ".join(self.as_float(self.p(a)).text for a in e.args)
-            return _Out(f"{_FLOAT_FUNCS[type(e)]}({args})", "float", _ATOM)
+            fn = "ac_tanhf" if self.fast and isinstance(e, sympy.tanh) else _FLOAT_FUNCS[type(e)]
+            return _Out(f"{fn}({args})", "float", _ATOM)
         if isinstance(e, sympy.And) or isinstance(e, sympy.Or):
             op, prec = (" && ", _AND) if isinstance(e, sympy.And) else (" || ", _OR)
             outs = [self.as_bool(self.p(a)) for a in sorted(e.args, key=sympy.default_sort_key)]
@@ -351,11 +390,15 @@ class _Emitter:
             neg = i > 0 and t.could_extract_minus_sign()
             body = -t if neg else t
             o = self.number(body, as_float) if body.is_Number else self.p(body)
+            if self.fast and as_float and o.ctype == "int":  # ac_i2f instead of C's implicit I2F
+                o = self.as_float(o)
             if i == 0:
                 text = _wrap(o, _ADD)
             else:
                 text += (" - " if neg else " + ") + _wrap(o, _ADD + 1)
-        return _Out(text, ctype, _ADD)
+        bounds = [o.bound for o in outs]
+        bound = sum(bounds) if ctype == "int" and None not in bounds else None  # type: ignore[arg-type]
+        return _Out(text, ctype, _ADD, bound)
 
     def _mul(self, e: sympy.Mul) -> _Out:
         coeff, rest = e.as_coeff_Mul()
@@ -378,21 +421,38 @@ class _Emitter:
         items: list[_Out] = []
         if c_num != 1 or (mag.is_Float and not any(o.ctype == "float" for o in num_outs)):
             items.append(self.number(sympy.sympify(c_num), is_float))
-        items += [o for o in num_outs if o.ctype == "float"] + [o for o in num_outs if o.ctype != "float"]
+        ints = [o for o in num_outs if o.ctype != "float"]
+        if self.fast and is_float:  # explicit conversions, so that ac_i2f replaces C's implicit I2F
+            ints = [self.as_float(o) for o in ints]
+        items += [o for o in num_outs if o.ctype == "float"] + ints
         if is_float and (not items or items[0].ctype != "float"):
             items = [self.as_float(items[0])] + items[1:] if items else [_float_literal(1.0)]
         text = " * ".join(_wrap(o, _UNARY) for o in items)
         prec = _MUL if len(items) > 1 else (items[0].prec if items[0].prec >= _UNARY else _ATOM)
         dens: list[_Out] = ([_float_literal(float(c_den))] if c_den != 1 else []) + den_outs
-        if dens:
+        if dens and self.fast and not den_outs:  # x / c -> (1/c) * x: no division per element, and the
+            # constant leads so that C's left-to-right products fold it into loop-invariant factors
+            recip = _float_literal(1.0 / c_den).text
+            text = f"{recip} * {_wrap(_Out(text, 'float', prec), _MUL)}" if text != "1.0f" else recip
+            prec = _MUL
+        elif dens:
             d_text = " * ".join(_wrap(o, _UNARY) for o in dens)
             d_out = _Out(d_text, "float", _MUL if len(dens) > 1 else max(dens[0].prec, _UNARY))
-            text = f"{_wrap(_Out(text, 'float', prec), _MUL)} / {_wrap(d_out, _MUL + 1)}"
-            prec = _MUL
+            if self.fast:
+                text = f"__fdividef({text}, {d_out.text})"
+                prec = _ATOM
+            else:
+                text = f"{_wrap(_Out(text, 'float', prec), _MUL)} / {_wrap(d_out, _MUL + 1)}"
+                prec = _MUL
         if negative:  # -a * b == (-a) * b and -a / b == (-a) / b
             text = f"-({text})" if text.startswith("-") else "-" + text
             prec = _UNARY if prec >= _UNARY else _MUL
-        return _Out(text, "float" if is_float else "int", prec)
+        bound = None
+        if not is_float and all(o.bound is not None for o in num_outs):
+            bound = int(abs(coeff))
+            for o in num_outs:
+                bound *= o.bound  # type: ignore[operator]
+        return _Out(text, "float" if is_float else "int", prec, bound)
 
     def _pow(self, e: sympy.Pow) -> _Out:
         base, ex = e.base, e.exp
@@ -409,11 +469,17 @@ class _Emitter:
             else:
                 raise PrinterError(f"integer power {e} too large for int arithmetic")
             if n > 0:
+                if prod.ctype == "int" and b.bound is not None:
+                    prod = prod._replace(bound=b.bound ** abs(n))
                 return prod
+            if self.fast:
+                return _Out(f"__fdividef(1.0f, {self.as_float(prod).text})", "float", _ATOM)
             return _Out(f"1.0f / {_wrap(prod, _MUL + 1)}", "float", _MUL)
         if ex == sympy.Rational(1, 2):
             return _Out(f"sqrtf({self.as_float(b).text})", "float", _ATOM)
         if ex == sympy.Rational(-1, 2):
+            if self.fast:
+                return _Out(f"rsqrtf({self.as_float(b).text})", "float", _ATOM)
             return _Out(f"1.0f / sqrtf({self.as_float(b).text})", "float", _MUL)
         x = self.as_float(self.p(ex))
         return _Out(f"powf({self.as_float(b).text}, {x.text})", "float", _ATOM)
@@ -451,9 +517,11 @@ class _Emitter:
         fn = ("f" + base + "f") if is_float else base
         if is_float:
             outs = [self.as_float(o) for o in outs]
+        bounds = [o.bound for o in outs]
+        bound = max(bounds) if not is_float and None not in bounds else None  # type: ignore[type-var]
         acc = outs[-1]
         for o in reversed(outs[:-1]):
-            acc = _Out(f"{fn}({o.text}, {acc.text})", acc.ctype, _ATOM)
+            acc = _Out(f"{fn}({o.text}, {acc.text})", acc.ctype, _ATOM, bound)
         return acc
 
     def _piecewise(self, e: sympy.Piecewise) -> _Out:

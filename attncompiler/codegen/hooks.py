@@ -12,14 +12,19 @@ for byte, so cached forward kernels stay valid).
 """
 from __future__ import annotations
 
+import sympy
+
 from ..ir.bounds import tile_classifier
-from ..ir.grad import score_grad_expr
+from ..ir.grad import GradError, score_grad_expr
 from ..ir.ranges import kv_range, q_range
 from ..ir.types import AttentionIR
+from ..spec.symbols import SCORE
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
-from .cuda_printer import print_cuda
+from .cuda_printer import (
+    FAST_INDEX_LIMIT, SYMBOL_NAMES, CudaPrinter, PrinterError, _buffer_kinds, print_cuda, uses_fast_index,
+)
 
-__all__ = ["render_prelude", "ELEM_TYPES"]
+__all__ = ["render_prelude", "fast_index_limit", "ELEM_TYPES"]
 
 ELEM_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
 
@@ -30,6 +35,44 @@ def _bool(x: bool) -> str:
     return "true" if x else "false"
 
 
+def _print(expr: object, kind: str, ir: AttentionIR) -> str:
+    """A hook body expression in the printer's fast mode (cuda_printer's docstring)."""
+    return print_cuda(expr, kind=kind, buffers=ir.buffers, fast=True)  # type: ignore[arg-type]
+
+
+_ACC = sympy.Symbol("ac_acc", real=True)  # the raw Q K^T dot product (before the scale)
+_SCALE = sympy.Symbol("aa_scale", positive=True)  # p.scale; sorts (and prints) before the per-element factors
+_LOG2E = sympy.Float(1.4426950408889634)
+
+
+def _score_log2_expr(ir: AttentionIR) -> str:
+    """``log2(e) * score_mod(acc * p.scale)`` with the constant distributed over the top-level terms,
+    so that the loop-invariant products (log2e * p.scale, log2e * slope[h]) are hoisted by the
+    compiler and the per-element work is one multiply-add per term (C cannot reassociate this)."""
+    expr = _LOG2E * ir.score_expr.subs(SCORE, _ACC * _SCALE)  # type: ignore[union-attr]
+    if isinstance(expr, sympy.Mul) and any(isinstance(a, sympy.Add) for a in expr.args):
+        expr = sympy.expand(expr, deep=False)
+    printer = CudaPrinter(names=SYMBOL_NAMES + ((_ACC, "s"), (_SCALE, "p.scale")),
+                          float_symbols=frozenset({SCORE, _ACC, _SCALE}), buffers=_buffer_kinds(ir.buffers), fast=True)
+    return printer.print(expr, "float")
+
+
+def fast_index_limit(ir: AttentionIR) -> int | None:
+    """The largest sequence length (and batch, heads) this variant's hooks are exact for, or None
+    when they convert no index to float with ``ac_i2f`` (then no limit beyond the kernels' own).
+    The score_mod's derivative (backward) is included."""
+    texts = []
+    if ir.score_expr is not None:
+        texts.append(_print(ir.score_expr, "float", ir))
+        try:
+            texts.append(_print(score_grad_expr(ir.score_expr), "float", ir))
+        except (GradError, PrinterError):  # no derivative: the backward refuses this variant on its own
+            pass
+    if ir.mask_expr is not None:
+        texts.append(_print(ir.mask_expr, "bool", ir))
+    return FAST_INDEX_LIMIT if any(uses_fast_index(t) for t in texts) else None
+
+
 def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
     """C++ for the element type, the parameter structs and the ``Variant`` hooks of ``ir``.
 
@@ -38,9 +81,9 @@ def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
     has_score = ir.score_expr is not None
     has_mask = ir.mask_expr is not None
     has_dropout = ir.dropout_p > 0.0
-    score_body = f"return {print_cuda(ir.score_expr, kind='float', buffers=ir.buffers)};" if has_score else "return score;"
-    mask_body = f"return {print_cuda(ir.mask_expr, kind='bool', buffers=ir.buffers)};" if has_mask else "return true;"
-    tile_body = tile_classifier(ir.mask_expr).to_cuda() if has_mask else "return AC_TILE_FULL;"
+    score_body = f"return {_print(ir.score_expr, 'float', ir)};" if has_score else "return score;"
+    mask_body = f"return {_print(ir.mask_expr, 'bool', ir)};" if has_mask else "return true;"
+    tile_body = tile_classifier(ir.mask_expr, ir.buffers).to_cuda() if has_mask else "return AC_TILE_FULL;"
     lines = [
         f"typedef {ELEM_TYPES[ir.dtype]} ac_elem_t;",
         "",
@@ -58,6 +101,11 @@ def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
         "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q_idx, int kv_idx,",
         f"                                                    {_HOOK_ARGS}) {{",
         f"    {score_body}",
+        "  }",
+        "  // log2(e) * score_mod(s * p.scale) for the raw dot product s: the forward kernels' softmax input",
+        "  static __device__ __forceinline__ float score_mod_log2(float s, int b, int h, int q_idx, int kv_idx,",
+        f"                                                         {_HOOK_ARGS}) {{",
+        f"    return {_score_log2_expr(ir) if has_score else 's * p.scale * AC_LOG2E'};",
         "  }",
         "  // mask_mod: true = the key is visible to the query",
         "  static __device__ __forceinline__ bool mask(int b, int h, int q_idx, int kv_idx, " + _HOOK_ARGS + ") {",
@@ -87,7 +135,7 @@ def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
     lines += ["  }"]
     if backward:
         grad = score_grad_expr(ir.score_expr)
-        grad_body = f"return {print_cuda(grad, kind='float', buffers=ir.buffers)};"
+        grad_body = f"return {_print(grad, 'float', ir)};"
         lines += [
             f"  // d score_mod / d score at the scaled score: {grad}",
             f"  static constexpr bool kScoreModGradIsOne = {_bool(grad == 1)};",

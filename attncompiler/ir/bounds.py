@@ -12,8 +12,11 @@ bounds are sympy expressions in ``q_lo, q_hi, kv_lo, kv_hi`` (and ``b, h, q_len,
 points), so one derivation serves both Python (:meth:`TileClassifier.classify`) and CUDA
 (:meth:`TileClassifier.to_cuda`).  Linear expressions are bounded exactly (each coefficient's
 sign picks the end of its variable's range); Add / Mul / Abs / Min / Max / floor / ceiling / Mod
-/ integer Pow / Piecewise combine sub-bounds soundly; anything else -- buffer reads, ``score``,
-unknown functions -- is unknown.
+/ integer Pow / Piecewise combine sub-bounds soundly; reads of int buffers whose indices are fixed
+over the tile but one get run-time value ranges (:mod:`attncompiler.ir.bufreads`: the symbols
+``rd<k>_lo`` / ``rd<k>_hi``, read in CUDA from a per-buffer range table, in Python from the values;
+``doc[q_idx] == doc[kv_idx]`` is EMPTY on disjoint id ranges, FULL on one shared id); anything else
+-- float buffers, ``score``, unknown functions -- is unknown.
 
 A relational ``a OP b`` is bounded as one difference ``d = a - b`` (so correlated terms such as
 ``q_idx - kv_idx`` cancel), multiplied by the common denominator of its Rational coefficients so
@@ -28,8 +31,9 @@ unknown (PARTIAL): the kernel evaluates such masks in float, and rounding could 
 FULL / EMPTY tile wrong.  The emitted CUDA computes in ``int``: bounds are derived for inputs
 (``q_lo .. kv_hi``, ``b``, ``h``, ``q_len``, ``kv_len``) in ``[0, INDEX_LIMIT)`` = ``[0, 2**24)``,
 a relational whose bound could leave the int32 range there is unknown, and a tile with an input
-outside that range is PARTIAL (checked at run time in both Python and CUDA).  So the two agree
-exactly, and never overflow.
+outside that range is PARTIAL (checked at run time in both Python and CUDA); a buffer read whose
+min / max leaves ``(-INDEX_LIMIT, INDEX_LIMIT)`` is unknown (its relationals PARTIAL).  So the two
+agree exactly, and never overflow.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ __all__ = [
     "Q_LO", "Q_HI", "KV_LO", "KV_HI", "Interval",
     "tile_box", "bound",
     "ConstNode", "RelNode", "AndNode", "OrNode", "NotNode", "TileNode",
-    "TileClassifier", "tile_classifier",
+    "TileClassifier", "tile_classifier", "ReadBound",
 ]
 
 TILE_EMPTY, TILE_PARTIAL, TILE_FULL = 0, 1, 2
@@ -75,6 +79,15 @@ _INPUTS = (Q_LO, Q_HI, KV_LO, KV_HI, B, H, Q_LEN, KV_LEN)
 _LOWEST = {Q_LEN: 1, KV_LEN: 1}  # smallest valid value of an input (lengths are positive), else 0
 
 
+class ReadBound(sympy.Symbol):
+    """The run-time min (``rd<k>_lo``) or max (``rd<k>_hi``) of a buffer read over a tile
+    (:mod:`attncompiler.ir.bufreads`); valid iff ``rd<k>_ok``, and then in (-INDEX_LIMIT, INDEX_LIMIT)."""
+
+    @property
+    def ok_name(self) -> str:
+        return self.name.rsplit("_", 1)[0] + "_ok"
+
+
 def tile_box() -> dict[sympy.Symbol, Interval]:
     """The box of one tile: q_idx, kv_idx ranged; b, h, q_len, kv_len fixed (points)."""
     return {Q_IDX: (Q_LO, Q_HI), KV_IDX: (KV_LO, KV_HI), B: (B, B), H: (H, H),
@@ -84,19 +97,23 @@ def tile_box() -> dict[sympy.Symbol, Interval]:
 # ---------------------------------------------------------------------------------------------
 # interval arithmetic
 # ---------------------------------------------------------------------------------------------
-def bound(expr: sympy.Expr | int, box: Mapping[sympy.Symbol, tuple[Any, Any]] | None = None) -> Interval | None:
+def bound(expr: sympy.Expr | int, box: Mapping[sympy.Symbol, tuple[Any, Any]] | None = None,
+          reads: Any = None) -> Interval | None:
     """Sound ``(lo, hi)`` of ``expr`` over ``box`` (symbol -> (lo, hi)), or None if unknown.
 
     Bounds may be symbolic (sympy expressions in the box's ends) or numbers.  Symbols missing from
-    the box are free, i.e. unknown; a symbol with ``lo == hi`` is a point.
+    the box are free, i.e. unknown; a symbol with ``lo == hi`` is a point.  Buffer reads are unknown
+    unless ``reads`` (a :class:`attncompiler.ir.bufreads.ReadContext`) gives int reads run-time
+    value ranges (:class:`ReadBound` symbols).
     """
     b = {s: (sympy.sympify(lo), sympy.sympify(hi)) for s, (lo, hi) in (box or tile_box()).items()}
-    return _Bounder(b).bound(sympy.sympify(expr))
+    return _Bounder(b, reads).bound(sympy.sympify(expr))
 
 
 class _Bounder:
-    def __init__(self, box: dict[sympy.Symbol, Interval]) -> None:
+    def __init__(self, box: dict[sympy.Symbol, Interval], reads: Any = None) -> None:
         self.box = box
+        self.reads = reads  # a bufreads.ReadContext: int buffer reads get run-time value ranges
         self.points = {s: lo for s, (lo, hi) in box.items() if lo == hi}
         self.ranged = tuple(sorted((s for s in box if s not in self.points), key=sympy.default_sort_key))
 
@@ -114,8 +131,13 @@ class _Bounder:
             return lin
         if isinstance(e, sympy.Symbol):
             return self.box.get(e)
+        if isinstance(e, sympy.Indexed):
+            return None if self.reads is None else self.reads.interval(e, self)
         if e.is_Add:
-            return self._fold(e.args, lambda x, y: (x[0] + y[0], x[1] + y[1]))
+            reads = [a for a in e.args if a.has(sympy.Indexed)]
+            rest = [a for a in e.args if not a.has(sympy.Indexed)]
+            parts = [sympy.Add(*rest), *reads] if reads and len(rest) > 1 else e.args  # keep q - kv correlated
+            return self._fold(parts, lambda x, y: (x[0] + y[0], x[1] + y[1]))
         if e.is_Mul:
             return self._fold(e.args, _mul_iv)
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
@@ -237,11 +259,11 @@ def _pow_iv(iv: Interval | None, n: int) -> Interval | None:
 # ---------------------------------------------------------------------------------------------
 # exactness guards: int-only arithmetic, int32 range for inputs below INDEX_LIMIT
 # ---------------------------------------------------------------------------------------------
-def _exact_int(e: sympy.Expr) -> bool:
+def _exact_int(e: sympy.Expr, printer: CudaPrinter = _PRINTER) -> bool:
     try:
-        if _PRINTER.ctype(e) != "int":
+        if printer.ctype(e) != "int":
             return False
-        return all(_PRINTER.ctype(r.lhs) == "int" and _PRINTER.ctype(r.rhs) == "int" for r in e.atoms(Relational))
+        return all(printer.ctype(r.lhs) == "int" and printer.ctype(r.rhs) == "int" for r in e.atoms(Relational))
     except PrinterError:
         return False
 
@@ -253,7 +275,7 @@ def _mag(e: sympy.Basic) -> float:
     if isinstance(e, (BooleanTrue, BooleanFalse)):
         return 1
     if isinstance(e, sympy.Symbol):
-        return INDEX_LIMIT if e in _INPUTS else math.inf
+        return INDEX_LIMIT if e in _INPUTS or isinstance(e, ReadBound) else math.inf
     if e.is_Add:
         return float(sum(_mag(a) for a in e.args))
     if isinstance(e, Relational):  # int sides (_exact_int) print as `a OP b`: no difference is formed
@@ -358,10 +380,17 @@ class RelNode:
     source: str = ""
     _lo_fn: Callable[[Env], Any] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     _hi_fn: Callable[[Env], Any] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    _reads: tuple[ReadBound, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_lo_fn", _compile(self.lo))
         object.__setattr__(self, "_hi_fn", _compile(self.hi))
+        reads = {s for s in self.lo.free_symbols | self.hi.free_symbols if isinstance(s, ReadBound)}
+        object.__setattr__(self, "_reads", tuple(sorted(reads, key=lambda s: s.name)))
+
+    def read_flags(self) -> list[str]:
+        """CUDA names of the validity flags of the buffer reads this node uses."""
+        return sorted({s.ok_name for s in self._reads})
 
     @staticmethod
     def decide(op: str, lo: Any, hi: Any) -> tuple[Any, Any]:
@@ -378,6 +407,8 @@ class RelNode:
         return (zero, off) if op == "==" else (off, zero)
 
     def evaluate(self, env: Env) -> int:
+        if any(env[s] is None for s in self._reads):  # a buffer read with no known value range
+            return TILE_PARTIAL
         full, empty = self.decide(self.op, self._lo_fn(env), self._hi_fn(env))
         return TILE_FULL if full else (TILE_EMPTY if empty else TILE_PARTIAL)
 
@@ -446,50 +477,55 @@ def _not(c: TileNode) -> TileNode:
     return c.child if isinstance(c, NotNode) else NotNode(c)
 
 
-def _build(m: Any) -> TileNode:  # noqa: C901 - one branch per boolean form
+def _build(m: Any, ctx: Any = None) -> TileNode:  # noqa: C901 - one branch per boolean form
+    """The tree of mask ``m``; ``ctx`` (a bufreads.ReadContext) bounds int buffer reads."""
+
+    def rec(a: Any) -> TileNode:
+        return _build(a, ctx)
+
     if m is None or m is True or isinstance(m, BooleanTrue):
         return ConstNode(TILE_FULL)
     if m is False or isinstance(m, BooleanFalse):
         return ConstNode(TILE_EMPTY)
     if isinstance(m, sympy.And):
-        return _and([_build(a) for a in m.args])
+        return _and([rec(a) for a in m.args])
     if isinstance(m, sympy.Or):
-        return _or([_build(a) for a in m.args])
+        return _or([rec(a) for a in m.args])
     if isinstance(m, sympy.Not):
-        return _not(_build(m.args[0]))
+        return _not(rec(m.args[0]))
     if isinstance(m, sympy.Xor):
-        acc = _build(m.args[0])
+        acc = rec(m.args[0])
         for a in m.args[1:]:
-            x = _build(a)
+            x = rec(a)
             acc = _or([_and([acc, _not(x)]), _and([_not(acc), x])])
         return acc
     if isinstance(m, sympy.Implies):
-        return _or([_not(_build(m.args[0])), _build(m.args[1])])
+        return _or([_not(rec(m.args[0])), rec(m.args[1])])
     if isinstance(m, sympy.Equivalent):
-        parts = [_build(a) for a in m.args]
+        parts = [rec(a) for a in m.args]
         return _or([_and(parts), _and([_not(p) for p in parts])])
     if isinstance(m, sympy.ITE):
-        c = _build(m.args[0])
-        return _or([_and([c, _build(m.args[1])]), _and([_not(c), _build(m.args[2])])])
+        c = rec(m.args[0])
+        return _or([_and([c, rec(m.args[1])]), _and([_not(c), rec(m.args[2])])])
     if isinstance(m, sympy.Piecewise) and all(_is_bool(pc.expr) for pc in m.args):
         # value of the first piece whose condition holds: OR_i (c_i and not c_<i and e_i)
         terms, earlier = [], []
         for pc in m.args:
-            c = _build(pc.cond)
-            terms.append(_and([c, *earlier, _build(pc.expr)]))
+            c = rec(pc.cond)
+            terms.append(_and([c, *earlier, rec(pc.expr)]))
             earlier.append(_not(c))
         return _or(terms)
     if isinstance(m, Relational):
-        return _relational(m)
+        return _relational(m, ctx)
     return _PARTIAL
 
 
-def _relational(rel: Relational) -> TileNode:
+def _relational(rel: Relational, ctx: Any = None) -> TileNode:
     lhs, rhs, op = rel.lhs, rel.rhs, rel.rel_op
     if _is_bool(lhs) or _is_bool(rhs):
         if op not in ("==", "!="):
             return _PARTIAL
-        eq = _build(sympy.Equivalent(lhs, rhs, evaluate=False))
+        eq = _build(sympy.Equivalent(lhs, rhs, evaluate=False), ctx)
         return eq if op == "==" else _not(eq)
     if op in ("<", "<="):
         d, op = rhs - lhs, {"<": ">", "<=": ">="}[op]
@@ -502,11 +538,12 @@ def _relational(rel: Relational) -> TileNode:
     coeffs = d.as_coefficients_dict().values()
     if all(c.is_Rational for c in coeffs):
         d = math.lcm(*(int(c.q) for c in coeffs)) * d
-    iv = bound(d)
+    iv = bound(d, reads=ctx)
     if iv is None:
         return _PARTIAL
     lo, hi = iv
-    if not (_exact_int(lo) and _exact_int(hi)) or max(_mag(lo), _mag(hi)) > _INT32_MAX:
+    printer = _PRINTER if ctx is None else ctx.printer()
+    if not (_exact_int(lo, printer) and _exact_int(hi, printer)) or max(_mag(lo), _mag(hi)) > _INT32_MAX:
         return _PARTIAL
     full, empty = RelNode.decide(op, lo, hi)
     if full is sympy.true:
@@ -521,6 +558,21 @@ def _relational(rel: Relational) -> TileNode:
         return _PARTIAL
 
 
+def _walk(root: TileNode) -> list[TileNode]:
+    """Every node of the tree, children before parents (the CUDA emission order)."""
+    out: dict[TileNode, None] = {}
+
+    def walk(n: TileNode) -> None:
+        if n in out:
+            return
+        for c in (n.child,) if isinstance(n, NotNode) else getattr(n, "children", ()):
+            walk(c)
+        out[n] = None
+
+    walk(root)
+    return list(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # the classifier
 # ---------------------------------------------------------------------------------------------
@@ -530,40 +582,50 @@ class TileClassifier:
 
     mask: sympy.Basic | None
     root: TileNode
+    reads: tuple[Any, ...] = ()  # the bufreads.BufferRead's the tree uses, by k
     _inputs: frozenset[sympy.Symbol] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         syms: set[sympy.Symbol] = set()
         for n in self.nodes():
             if isinstance(n, RelNode):
-                syms |= n.lo.free_symbols | n.hi.free_symbols
+                syms |= {s for s in n.lo.free_symbols | n.hi.free_symbols if not isinstance(s, ReadBound)}
+        for r in self.reads:
+            syms |= r.inputs()
         object.__setattr__(self, "_inputs", frozenset(syms))
 
     @classmethod
-    def from_mask(cls, mask: sympy.Basic | bool | None) -> "TileClassifier":
-        return cls(mask if mask is None or isinstance(mask, sympy.Basic) else sympy.sympify(mask), _build(mask))
+    def from_mask(cls, mask: sympy.Basic | bool | None, buffers: object = None) -> "TileClassifier":
+        from .bufreads import ReadContext
+
+        m = mask if mask is None or isinstance(mask, sympy.Basic) else sympy.sympify(mask)
+        ctx = ReadContext(m, buffers)
+        root = _build(m, ctx)
+        used = {s for n in _walk(root) if isinstance(n, RelNode) for s in n._reads}
+        return cls(m, root, tuple(r for r in ctx.reads.values() if r.lo_sym in used or r.hi_sym in used))
 
     def nodes(self) -> list[TileNode]:
         """Every node, children before parents (the CUDA emission order)."""
-        out: dict[TileNode, None] = {}
-
-        def walk(n: TileNode) -> None:
-            if n in out:
-                return
-            for c in (n.child,) if isinstance(n, NotNode) else getattr(n, "children", ()):
-                walk(c)
-            out[n] = None
-
-        walk(self.root)
-        return list(out)
+        return _walk(self.root)
 
     def inputs(self) -> frozenset[sympy.Symbol]:
         """The symbols classification reads (of q_lo, q_hi, kv_lo, kv_hi, b, h, q_len, kv_len)."""
         return self._inputs
 
+    def buffer_values(self, buffers: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The buffers :meth:`classify` reads, as ``bufreads.BufferValues`` (convert once, classify often)."""
+        from .bufreads import BufferValues
+
+        names = {r.name for r in self.reads}
+        return {n: BufferValues.of(v) for n, v in (buffers or {}).items() if n in names}
+
     def classify(self, q_lo: int, q_hi: int, kv_lo: int, kv_hi: int, b: int = 0, h: int = 0,
-                 q_len: int | None = None, kv_len: int | None = None) -> int:
-        """TILE_EMPTY / TILE_PARTIAL / TILE_FULL of tile [q_lo, q_hi] x [kv_lo, kv_hi] (inclusive)."""
+                 q_len: int | None = None, kv_len: int | None = None,
+                 buffers: Mapping[str, Any] | None = None) -> int:
+        """TILE_EMPTY / TILE_PARTIAL / TILE_FULL of tile [q_lo, q_hi] x [kv_lo, kv_hi] (inclusive).
+
+        ``buffers``: name -> int tensor / nested list / BufferValues (:meth:`buffer_values`); the
+        mask's buffer reads are unknown (their relationals PARTIAL) without them."""
         if q_lo > q_hi or kv_lo > kv_hi:
             raise ValueError(f"empty tile [{q_lo}, {q_hi}] x [{kv_lo}, {kv_hi}]")
         env: dict[sympy.Symbol, Any] = {Q_LO: q_lo, Q_HI: q_hi, KV_LO: kv_lo, KV_HI: kv_hi, B: b, H: h,
@@ -573,6 +635,11 @@ class TileClassifier:
             raise ValueError(f"mask needs {', '.join(sorted(missing))} to classify tiles")
         if any(not _LOWEST.get(s, 0) <= env[s] < INDEX_LIMIT for s in self._inputs):
             return TILE_PARTIAL  # the bounds' int arithmetic is only guarded below INDEX_LIMIT
+        if self.reads:
+            values = self.buffer_values(buffers)
+            for r in self.reads:
+                iv = r.evaluate(env, values)
+                env[r.lo_sym], env[r.hi_sym] = iv if iv is not None else (None, None)
         return self.root.evaluate(env)
 
     def to_cuda(self) -> str:
@@ -590,6 +657,9 @@ class TileClassifier:
             guard = " ||\n      ".join(checks)
             lines.append(f"  // the bounds below are exact int arithmetic for inputs in [0, {INDEX_LIMIT})")
             lines.append(f"  if ({guard})\n    return AC_TILE_PARTIAL;")
+        printer = _PRINTER.with_names({s: s.name for r in self.reads for s in (r.lo_sym, r.hi_sym)})
+        for r in self.reads:
+            lines += ["  " + ln for ln in r.to_cuda(printer)]
         names: dict[TileNode, str] = {}
         for i, n in enumerate(self.nodes()):
             t = names[n] = f"t{i}"
@@ -597,10 +667,13 @@ class TileClassifier:
                 lines.append(f"  const int {t} = {_CUDA_CLASS[n.value]};")
             elif isinstance(n, RelNode):
                 lines.append(f"  // {n.source}: d {n.op} 0 with d in [lo{i}, hi{i}]")
-                lines.append(f"  const int lo{i} = {_PRINTER.print(n.lo, 'int')};")
-                lines.append(f"  const int hi{i} = {_PRINTER.print(n.hi, 'int')};")
+                lines.append(f"  const int lo{i} = {printer.print(n.lo, 'int')};")
+                lines.append(f"  const int hi{i} = {printer.print(n.hi, 'int')};")
                 full, empty = n.cuda_conditions(f"lo{i}", f"hi{i}")
-                lines.append(f"  const int {t} = {full} ? AC_TILE_FULL : ({empty} ? AC_TILE_EMPTY : AC_TILE_PARTIAL);")
+                cls = f"{full} ? AC_TILE_FULL : ({empty} ? AC_TILE_EMPTY : AC_TILE_PARTIAL)"
+                if n.read_flags():  # a buffer read with no known value range: PARTIAL
+                    cls = f"!({' && '.join(n.read_flags())}) ? AC_TILE_PARTIAL : ({cls})"
+                lines.append(f"  const int {t} = {cls};")
             elif isinstance(n, NotNode):
                 lines.append(f"  const int {t} = AC_TILE_FULL + AC_TILE_EMPTY - {names[n.child]};  // not")
             else:
@@ -612,6 +685,9 @@ class TileClassifier:
         return "\n".join(lines)
 
 
-def tile_classifier(mask: sympy.Basic | bool | None) -> TileClassifier:
-    """:class:`TileClassifier` for a mask expression (None: every key visible, always FULL)."""
-    return TileClassifier.from_mask(mask)
+def tile_classifier(mask: sympy.Basic | bool | None, buffers: object = None) -> TileClassifier:
+    """:class:`TileClassifier` for a mask expression (None: every key visible, always FULL).
+
+    ``buffers`` (the IR's ``BufferInfo`` tuple or ``{name: "int" | "float"}``) says which buffers
+    are int: reads of those get run-time value ranges (:mod:`attncompiler.ir.bufreads`)."""
+    return TileClassifier.from_mask(mask, buffers)

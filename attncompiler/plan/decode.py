@@ -233,12 +233,13 @@ def choose_splits(plan: DecodePlan, *, B: int, H: int, H_kv: int, Nq: int, Nk: i
 
 
 def decode_applies(ir: Any, Nq: int, Nk: int) -> tuple[bool, str]:
-    """Whether ``schedule="auto"`` runs the decode kernels for this call, and why."""
+    """Whether ``schedule="auto"`` runs the decode kernels for this call instead of its prefill schedule
+    (v2, or v3 on sm_90: :func:`attncompiler.plan.planner.choose_auto`), and why."""
     if Nq > DECODE_MAX_NQ:
-        return False, f"Nq={Nq} > {DECODE_MAX_NQ}: v2 (query tiles fill the GPU)"
+        return False, f"Nq={Nq} > {DECODE_MAX_NQ}: the prefill schedule (query tiles fill the GPU)"
     if Nk < DECODE_MIN_KV:
-        return False, f"Nk={Nk} < {DECODE_MIN_KV}: v2 (a short K/V gains nothing from splitting)"
+        return False, f"Nk={Nk} < {DECODE_MIN_KV}: the prefill schedule (a short K/V gains nothing from splitting)"
     for label, d in (("head_dim", ir.head_dim), ("head_dim_v", ir.head_dim_v)):
         if d % 16 or d > 256:
-            return False, f"{label}={d} is not planned by decode: v2"
+            return False, f"{label}={d} is not planned by decode: the prefill schedule"
     return True, f"Nq={Nq} <= {DECODE_MAX_NQ} and Nk={Nk} >= {DECODE_MIN_KV}: decode (split-KV)"

@@ -12,31 +12,78 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import resources as R
-from .model import Candidate, Plan, PlanError, ProblemDims, elem_bytes, resolve_target
+from .model import Candidate, Plan, PlanError, ProblemDims, elem_bytes, resolve_dims, resolve_target
 from .resources import evaluate
 from .targets import Target, TargetError, get_target
 from .v1 import V1Plan, plan_v1
 from .v2 import V2Plan, candidates_v2, plan_v2
-from .v3 import plan_v3
+from .v3 import V3_OPTIONS, plan_v3
 
 __all__ = [
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
     "plan", "plan_v1", "plan_v2", "candidates_v2", "io_report", "format_io_report", "format_candidates",
     "format_resource_model",
-    "SCHEDULES", "auto_schedule",
+    "SCHEDULES", "AutoChoice", "choose_auto", "auto_schedule",
 ]
 
-# Schedule name -> planner.  A new schedule (v3: Hopper wgmma + TMA) registers here and, where it
-# applies, is picked by auto_schedule().
+# Schedule name -> planner.  A new schedule registers here and, where it applies, is picked by
+# choose_auto().
 SCHEDULES: dict[str, Callable[..., Plan]] = {"v1": plan_v1, "v2": plan_v2, "v3": plan_v3}
 
 
-def auto_schedule(target: Target) -> str:
-    """The schedule "auto" picks on ``target``.
+@dataclass(frozen=True)
+class AutoChoice:
+    """The prefill schedule ``schedule="auto"`` picks for one spec on one target, and why.
 
-    Hook for v3: once ``plan_v3`` exists, return "v3" here for ``target.supports_wgmma``.
+    ``reason`` is the first line of the plan's explanation, e.g. "schedule 'auto' on sm_90 -> v2:
+    v3 needs head_dim % 64 == 0 and <= 256, got head_dim=96".
     """
-    return "v2"
+
+    schedule: str
+    reason: str
+
+
+def _v3_refusal(ir_or_dims: Any, t: Target, options: dict[str, Any]) -> str | None:
+    """Why v3 cannot run this spec with these plan options on ``t`` (None: it can)."""
+    if (t.major, t.minor) != (9, 0):
+        return f"v3 needs sm_90a (TMA, wgmma, setmaxnreg), got {t.name}"
+    foreign = sorted(set(options) - set(V3_OPTIONS))
+    if foreign:
+        return f"expected v3 plan options ({', '.join(V3_OPTIONS[:3])}), got {', '.join(foreign)}"
+    dims = resolve_dims(ir_or_dims)
+    bad = [f"{n}={x}" for n, x in (("head_dim", dims.head_dim), ("head_dim_v", dims.head_dim_v))
+           if x % 64 or x > 256]
+    if bad:
+        return f"v3 needs head_dim % 64 == 0 and <= 256, got {', '.join(bad)}"
+    try:
+        plan_v3(ir_or_dims, t, **options)
+    except PlanError as e:
+        return str(e).split("; use schedule=")[0]
+    return None
+
+
+def choose_auto(ir_or_dims: Any, target: Target | str | None, **options: Any) -> AutoChoice:
+    """The prefill schedule of ``schedule="auto"``: v3 on sm_90 (H100 / H200) when :func:`plan_v3`
+    accepts the spec (head dims multiples of 64 up to 256) and the plan ``options``; else v2, with
+    v3's refusal as the reason.  Other targets: v2.  (Per call, ``compile`` may still run the decode
+    schedule, the v2 varlen kernels, or a tuned plan of another schedule; see ``api.compile``.)
+    """
+    t = resolve_target(target)
+    why = _v3_refusal(ir_or_dims, t, dict(options))
+    if why is None:
+        dims = resolve_dims(ir_or_dims)
+        return AutoChoice("v3", f"schedule 'auto' on {t.name} -> v3: Hopper (TMA + wgmma) and D={dims.head_dim}, "
+                                f"DV={dims.head_dim_v} are multiples of 64 up to 256")
+    return AutoChoice("v2", f"schedule 'auto' on {t.name} -> v2: {why}")
+
+
+def auto_schedule(target: Target | str | None, ir_or_dims: Any = None, **options: Any) -> str:
+    """The schedule name "auto" picks: :func:`choose_auto` for ``ir_or_dims``; without one, the
+    target's preference (v3 on sm_90, else v2) -- pass the IR for the real choice."""
+    if ir_or_dims is not None:
+        return choose_auto(ir_or_dims, target, **options).schedule
+    t = resolve_target(target)
+    return "v3" if (t.major, t.minor) == (9, 0) else "v2"
 
 
 def plan(ir_or_dims: Any, schedule: str = "auto", target: Target | str | None = None, **options: Any) -> Plan:
@@ -44,18 +91,17 @@ def plan(ir_or_dims: Any, schedule: str = "auto", target: Target | str | None = 
 
     ``target`` None means the current CUDA device (:func:`detect_target`).  ``options`` go to the
     schedule's planner (``sram_budget`` for v1; ``block_m``, ``block_n``, ``num_warps``,
-    ``q_in_regs`` for v2).
+    ``q_in_regs``, ``stages`` for v2; ``block_n``, ``stages``, ``persistent`` for v3).  "auto" picks
+    by :func:`choose_auto` and puts its reason first in the plan's explanation.
     """
     names = (*SCHEDULES, "auto")
     if schedule not in names:
         raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(names)}")
     t = resolve_target(target)
-    name = auto_schedule(t) if schedule == "auto" else schedule
-    p = SCHEDULES[name](ir_or_dims, t, **options)
-    if schedule == "auto":
-        p = _with_reason(p, f"schedule 'auto' on {t.name} -> {name} (v3 for wgmma targets is not implemented yet)",
-                         first=True)
-    return p
+    if schedule != "auto":
+        return SCHEDULES[schedule](ir_or_dims, t, **options)
+    choice = choose_auto(ir_or_dims, t, **options)
+    return _with_reason(SCHEDULES[choice.schedule](ir_or_dims, t, **options), choice.reason, first=True)
 
 
 def _with_reason(p: Plan, reason: str, first: bool = False) -> Plan:

@@ -28,7 +28,7 @@ __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
     "CONSUMER_REGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_MASKED",
     "MIN_STAGES", "MAX_STAGES",
-    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3",
+    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3",
 ]
 
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
@@ -46,10 +46,13 @@ MAX_STAGES = 4               # deepest ring searched (more stages: more smem, mo
 # Measured on an H200, N = 16k (docs/perf-notes.md, v3): d=64 BN=192 457 vs BN=128 437 TFLOP/s.
 PREFERRED_BLOCK_N = {64: 192, 128: 128, 192: 112, 256: 80}
 # With a mask (or a score_mod reading a buffer, or dropout) the per-element index arithmetic needs registers
-# too: at d=64 BN=192 ptxas spills 96-144 B there (nvcc 13.0), at BN=128 nothing, so such variants
-# prefer this width when it is narrower.
-PREFERRED_BLOCK_N_MASKED = 128
+# too: at d=64 BN=192 ptxas spills (LDL/STL in causal, window, ALiBi, dropout, document; nvcc 13.0), at
+# BN=176 nothing, so such variants prefer this width when it is narrower.  Measured on an H100
+# (2026-11-21, N = 16k, d=64 causal): BN=176 437, BN=192 435, BN=160 414, BN=128 389 TFLOP/s.
+PREFERRED_BLOCK_N_MASKED = 176
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
+#: the plan options :func:`plan_v3` takes (block_m / num_warps only at their fixed values)
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,11 @@ class V3Plan(Plan):
     consumer_regs: int
     persistent: bool = False
     sm_count: int = 132
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
+        return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -178,3 +186,49 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count,
     )
+
+
+def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: int = 4) -> list[dict[str, Any]]:
+    """Feasible v3 plan options for the autotuner, the model's choice (:func:`plan_v3`) first.
+
+    The space is what :func:`plan_v3` exposes: BLOCK_N (multiples of 16 from 64 to 256, at most
+    ``max_steps`` steps of 16 from the model's), K/V stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`)
+    and the persistent grid (BLOCK_M and the warpgroups are fixed).  Each is checked by
+    :func:`plan_v3` (registers, shared memory); ranked by distance from the model's choice: steps of
+    16 in BLOCK_N (+1 above the model's width: wider S tiles risk spills) + stages fewer than the
+    model's + 1 for the persistent grid; ties wider, then deeper first.
+    Raises :class:`PlanError` where v3 cannot run at all (not sm_90, head dims).
+    """
+    base = plan_v3(ir_or_dims, target)
+    ranked: list[tuple[tuple[int, int, int, int], dict[str, Any]]] = []
+    for bn in range(64, 257, 16):
+        steps = abs(bn - base.block_n) // 16
+        if steps > max_steps:
+            continue
+        for st in range(MAX_STAGES, MIN_STAGES - 1, -1):
+            for persistent in (False, True):
+                try:
+                    p = plan_v3(ir_or_dims, target, block_n=bn, stages=st, persistent=persistent)
+                except PlanError:
+                    continue
+                dist = steps + int(bn > base.block_n) + max(0, base.stages - st) + int(persistent)
+                ranked.append(((dist, -bn, -st, int(persistent)), p.options))
+    ranked.sort(key=lambda r: r[0])
+    out = [base.options]
+    out += [o for _, o in ranked if o != base.options]
+    return out
+
+
+def format_candidates_v3(ir_or_dims: Any, target: Target | str | None) -> str:
+    """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_N, stages, grid, smem."""
+    t = resolve_target(target)
+    rows = [("rank", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)")]
+    for i, o in enumerate(candidates_v3(ir_or_dims, t), 1):
+        p = plan_v3(ir_or_dims, t, **o)
+        regs = v3_register_estimate(p.block_n, p.head_dim_v)["total"]
+        rows.append((str(i), str(p.block_n), str(p.stages), "yes" if p.persistent else "no", str(p.smem_bytes),
+                     f"{regs} <= {CONSUMER_REGS}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    head = (f"v3 candidates on {t.name} (the autotuner's space; rank 1 = the model's choice; BLOCK_M = "
+            f"{WGMMA_M * CONSUMER_WGS}, {CONSUMER_WGS} consumer warpgroups fixed):")
+    return "\n".join([head] + ["  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows])

@@ -1,12 +1,14 @@
 """Per-GPU autotuner: benchmark the model's feasible plans, keep the fastest, remember it.
 
 :func:`autotune` takes the candidates the planner accepts (ranked by its model, pruned to
-``max_candidates``, the model's own choice always first), compiles each, checks it against the
+``max_candidates``, the model's own choice always first; ``schedule="auto"``, the default, takes
+v2's and -- on sm_90 -- v3's, interleaved by rank after the model's choice of
+:func:`~attncompiler.plan.planner.choose_auto`), compiles each, checks it against the
 float64 reference on a small shape and times it with CUDA events on the requested shape (median
 of ``reps`` timed batches after warmup, rotating over several input sets so repeated runs do not
 measure L2).  A candidate that fails to compile, to launch or to match the reference scores
 ``inf``.  The winner replaces the model's choice only when it is faster by more than ``min_gain``
-(timing noise must not flip plans).
+(timing noise must not flip plans).  The stored result records which schedule won.
 
 Results persist through :mod:`.tuned` (keys, the JSON store, lookups; re-exported here), and
 tuning one key holds a per-key lock, so concurrent processes never benchmark the same key twice:
@@ -24,16 +26,19 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union, overload
 
 from .. import env
 from .tuned import (
-    DeviceInfo, Shape, TuneError, TunedCandidate, TunedStore, TuneKey, TuneResult, device_info,
+    DeviceInfo, Shape, TuneError, TunedCandidate, TunedStore, TuneKey, TuneResult, auto_lookup_order, device_info,
     find_tuned, lookup_tuned, package_fingerprint, seqlen_bucket, spec_hash, store, tune_key,
 )
 
 __all__ = [
     "DeviceInfo", "TuneKey", "TunedCandidate", "TuneResult", "TuneError", "TunedStore", "autotune",
-    "find_tuned", "lookup_tuned", "device_info", "package_fingerprint", "spec_hash", "seqlen_bucket",
-    "tune_key", "tune_candidates", "tune_stats", "format_tune_result", "store", "benchmark_ms",
-    "format_options",
+    "find_tuned", "lookup_tuned", "auto_lookup_order", "device_info", "package_fingerprint", "spec_hash", "seqlen_bucket",
+    "tune_key", "tune_candidates", "tune_plans", "tune_stats", "format_tune_result", "store", "benchmark_ms",
+    "format_options", "TUNE_SCHEDULES",
 ]
+
+#: the schedules :func:`autotune` tunes ("auto": v2 and, on sm_90, v3 candidates together)
+TUNE_SCHEDULES = ("auto", "v1", "v2", "v3")
 
 _stats = {"tunes": 0, "benchmarks": 0, "cache_hits": 0}
 
@@ -61,14 +66,18 @@ def _renders_stages() -> bool:
 
 def tune_candidates(ir: Any, target: Any, schedule: str = "v2", max_candidates: Optional[int] = None
                     ) -> list[dict[str, Any]]:
-    """Plan options to benchmark, the model's choice first, then by model rank.
+    """Plan options of one ``schedule`` to benchmark, the model's choice first, then by model rank.
 
     v2: every accepted candidate of :func:`~attncompiler.plan.v2.candidates_v2`, each also with Q
     kept in / out of registers where that is feasible too (STAGES = 2 only once the codegen renders
-    it).  v1: the FA1 rule at SRAM budgets M, M/2, M/4 and 48 KiB (distinct tilings only).
+    it).  v1: the FA1 rule at SRAM budgets M, M/2, M/4 and 48 KiB (distinct tilings only).  v3:
+    :func:`~attncompiler.plan.v3.candidates_v3` (BLOCK_N, K/V stages, persistent grid), empty where
+    v3 cannot run (not sm_90, head dims).  "auto" mixes schedules: see :func:`tune_plans`.
     """
+    from ..plan.model import PlanError
     from ..plan.v1 import plan_v1
     from ..plan.v2 import candidates_v2, plan_v2
+    from ..plan.v3 import candidates_v3
 
     if schedule == "v2":
         opts = [plan_v2(ir, target).options]
@@ -89,8 +98,13 @@ def tune_candidates(ir: Any, target: Any, schedule: str = "v2", max_candidates: 
             if (p.block_r, p.block_c) not in seen:
                 seen.add((p.block_r, p.block_c))
                 opts.append({} if budget is None else {"sram_budget": budget})
+    elif schedule == "v3":
+        try:
+            opts = candidates_v3(ir, target)
+        except PlanError:
+            opts = []
     else:
-        raise TuneError(f"schedule: expected 'v1' or 'v2', got {schedule!r}")
+        raise TuneError(f"schedule: expected 'v1', 'v2' or 'v3' (tune_plans also takes 'auto'), got {schedule!r}")
     out: list[dict[str, Any]] = []
     for o in opts:
         if o not in out:
@@ -102,13 +116,38 @@ def tune_candidates(ir: Any, target: Any, schedule: str = "v2", max_candidates: 
     return out
 
 
-def format_options(o: Mapping[str, Any]) -> str:
-    """Plan options in short form: ``BM=128 BN=64 W=4 Qreg=0 S=1``."""
+def tune_plans(ir: Any, target: Any, schedule: str = "auto", max_candidates: Optional[int] = None
+               ) -> list[tuple[str, dict[str, Any]]]:
+    """``(schedule, plan options)`` pairs to benchmark, the model's choice first.
+
+    A single schedule: :func:`tune_candidates`.  "auto": the candidates of the schedule
+    :func:`~attncompiler.plan.planner.choose_auto` picks and of the other one of v2 / v3 (v3's only on
+    sm_90 and where it supports the head dims), interleaved by rank starting with the model's choice,
+    so that ``max_candidates`` keeps the best-ranked of both.
+    """
+    from ..plan.planner import choose_auto
+
+    if schedule not in TUNE_SCHEDULES:
+        raise TuneError(f"schedule: expected one of {', '.join(TUNE_SCHEDULES)}, got {schedule!r}")
+    if schedule != "auto":
+        return [(schedule, o) for o in tune_candidates(ir, target, schedule, max_candidates)]
+    if max_candidates is not None and max_candidates < 1:
+        raise TuneError(f"max_candidates: expected a positive int or None, got {max_candidates!r}")
+    first = choose_auto(ir, target).schedule
+    second = "v2" if first == "v3" else "v3"
+    lists = [[(s, o) for o in tune_candidates(ir, target, s)] for s in (first, second)]
+    out = [x[i] for i in range(max(len(x) for x in lists)) for x in lists if i < len(x)]
+    return out if max_candidates is None else out[:max_candidates]
+
+
+def format_options(o: Mapping[str, Any], schedule: str = "") -> str:
+    """Plan options in short form: ``BM=128 BN=64 W=4 Qreg=0 S=1`` (``schedule`` given: ``v3 BN=128 S=3 P=0``)."""
+    head = f"{schedule} " if schedule else ""
     if not o:
-        return "(model default)"
+        return head + "(model default)"
     short = {"block_m": "BM", "block_n": "BN", "num_warps": "W", "q_in_regs": "Qreg", "stages": "S",
-             "sram_budget": "M"}
-    return " ".join(f"{short.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in o.items())
+             "sram_budget": "M", "persistent": "P"}
+    return head + " ".join(f"{short.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in o.items())
 
 
 class _Progress:
@@ -231,29 +270,34 @@ def _tune_one(spec: Any, ir: Any, shape: Shape, *, schedule: str, max_candidates
                 _stats["cache_hits"] += 1
                 return dataclasses.replace(hit, shape=shape)
         _stats["tunes"] += 1
-        cands = tune_candidates(ir, target, schedule, max_candidates)
+        cands = tune_plans(ir, target, schedule, max_candidates)
+        if not cands:
+            raise TuneError(f"no {schedule} plan to tune on {target.name} for D={ir.head_dim}, DV={ir.head_dim_v}")
+        mixed = schedule == "auto"
         B, H, N, D = shape
         sets = _input_sets(shape, ir, input_sets)
         bar = _Progress(len(cands), f"{schedule} B={B} H={H} N={N} D={D}", progress)
         results = []
-        for rank, opts in enumerate(cands, 1):
-            r = _measure(spec, schedule, target, opts, shape, sets, reps=reps, warmup=warmup, check=check)
-            results.append(dataclasses.replace(r, model_rank=rank))
-            bar.step(f"{format_options(opts)}: {r.ms:.4g} ms" if math.isfinite(r.ms) else f"{format_options(opts)}: failed")
+        for rank, (sched, opts) in enumerate(cands, 1):
+            r = _measure(spec, sched, target, opts, shape, sets, reps=reps, warmup=warmup, check=check)
+            results.append(dataclasses.replace(r, model_rank=rank, schedule=sched))
+            label = format_options(opts, sched if mixed else "")
+            bar.step(f"{label}: {r.ms:.4g} ms" if math.isfinite(r.ms) else f"{label}: failed")
         del sets
         default = results[0]
         best = min(results, key=lambda r: r.ms)
         if not math.isfinite(best.ms):
             raise TuneError("no candidate produced a correct kernel: " + "; ".join(
-                f"{format_options(r.options)}: {r.error}" for r in results))
+                f"{format_options(r.options, r.schedule if mixed else '')}: {r.error}" for r in results))
         if math.isfinite(default.ms) and best.ms > default.ms * (1.0 - min_gain):
             best = default  # not faster by more than min_gain: keep the model's choice
         res = TuneResult(key=key, shape=shape, options=dict(best.options), ms=best.ms,
                          default_options=dict(default.options), default_ms=default.ms, candidates=tuple(results),
-                         path=str(st.path) if st.path else None)
+                         path=str(st.path) if st.path else None, schedule=best.schedule,
+                         default_schedule=default.schedule)
         st.put(res)
         if env.verbose():
-            print(f"[attncompiler] tuned {key.digest()}: {format_options(res.options)} {res.ms:.4g} ms "
+            print(f"[attncompiler] tuned {key.digest()}: {format_options(res.options, res.schedule)} {res.ms:.4g} ms "
                   f"(model default {default.ms:.4g} ms)", file=sys.stderr)
         return res
     finally:
@@ -267,22 +311,26 @@ def autotune(spec: Any, shapes: Shape, **kw: Any) -> TuneResult: ...
 def autotune(spec: Any, shapes: Sequence[Shape], **kw: Any) -> list[TuneResult]: ...
 
 
-def autotune(spec: Any, shapes: Union[Shape, Sequence[Shape]], *, schedule: str = "v2",
+def autotune(spec: Any, shapes: Union[Shape, Sequence[Shape]], *, schedule: str = "auto",
              max_candidates: Optional[int] = 12, progress: bool = True, reps: int = 10, warmup: int = 3,
              input_sets: int = 3, force: bool = False, check: bool = True, min_gain: float = 0.02
              ) -> Union[TuneResult, list[TuneResult]]:
     """Tune ``spec`` (an AttentionSpec) on the current GPU for ``shapes`` -- one (B, H, N, D) or a list.
 
-    Each shape's seqlen bucket is tuned once and remembered (see the module docstring); a cached
-    result is returned without benchmarking unless ``force``.  Returns a :class:`TuneResult` (a
-    list of them for a list of shapes).  Raises :class:`TuneError` without a GPU, for a bad shape,
-    or when every candidate fails.
+    ``schedule``: "auto" (default: v2 and, on sm_90, v3 candidates; the result's ``schedule`` says
+    which won), "v1", "v2" or "v3".  ``compile(schedule="auto")`` uses any of these entries except
+    v1's (:func:`~attncompiler.runtime.tuned.find_tuned`).  Each shape's seqlen bucket is tuned once
+    and remembered (see the module docstring); a cached result is returned without benchmarking
+    unless ``force``.  Returns a :class:`TuneResult` (a list of them for a list of shapes).  Raises
+    :class:`TuneError` without a GPU, for a bad shape or schedule, or when every candidate fails.
     """
     from ..ir.build import build_ir
     from ..spec.spec import AttentionSpec
 
     if not isinstance(spec, AttentionSpec):
         raise TuneError(f"spec: expected an AttentionSpec, got {type(spec).__name__}")
+    if schedule not in TUNE_SCHEDULES:
+        raise TuneError(f"schedule: expected one of {', '.join(TUNE_SCHEDULES)}, got {schedule!r}")
     if not 0.0 <= min_gain < 1.0:
         raise TuneError(f"min_gain: expected a fraction in [0, 1), got {min_gain!r}")
     for name, v in (("reps", reps), ("input_sets", input_sets)):
@@ -303,19 +351,23 @@ def format_tune_result(res: TuneResult) -> str:
     """The candidate table (model rank, options, time, ratio to the model default) and the choice."""
     B, H, N, D = res.shape
     k = res.key
+    mixed = k.schedule == "auto"  # candidates of several schedules: name each one's
     lines = [f"autotune {k.schedule} on {k.gpu_name} ({k.sm_arch}, CUDA runtime {k.cuda_runtime}, driver {k.driver}); "
              f"B={B} H={H} N={N} D={D} {k.dtype}, seqlen bucket {k.seqlen_bucket}"
              + ("  [from cache]" if res.from_cache else "")]
     rows = [("model rank", "plan options", "time ms", "vs default", "status")]
     for c in sorted(res.candidates, key=lambda c: (c.ms, c.model_rank)):
         ok = math.isfinite(c.ms)
-        rows.append((str(c.model_rank), format_options(c.options), f"{c.ms:.4f}" if ok else "inf",
+        kept = dict(c.options) == dict(res.options) and c.schedule == res.schedule
+        rows.append((str(c.model_rank), format_options(c.options, c.schedule if mixed else ""),
+                     f"{c.ms:.4f}" if ok else "inf",
                      f"{res.default_ms / c.ms:.3f}x" if ok and math.isfinite(res.default_ms) else "-",
-                     ("kept" if dict(c.options) == dict(res.options) else "ok") if ok else (c.error or "failed")))
+                     ("kept" if kept else "ok") if ok else (c.error or "failed")))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
-    lines.append(f"chosen: {format_options(res.options)}: {res.ms:.4f} ms; model default "
-                 f"{format_options(res.default_options)}: {res.default_ms:.4f} ms ({res.speedup:.3f}x)")
+    lines.append(f"chosen: {format_options(res.options, res.schedule if mixed else '')}: {res.ms:.4f} ms; model "
+                 f"default {format_options(res.default_options, res.default_schedule if mixed else '')}: "
+                 f"{res.default_ms:.4f} ms ({res.speedup:.3f}x)")
     if res.path:
         lines.append(f"stored in {res.path} (entry {k.digest()})")
     return "\n".join(lines)

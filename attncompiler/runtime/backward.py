@@ -20,7 +20,7 @@ from .compiler import LoadedKernel, compile_functions
 from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct
 
-__all__ = ["bwd_source", "load_bwd", "run_backward"]
+__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward"]
 
 _MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _lock = threading.Lock()
@@ -85,6 +85,27 @@ def _set_strides(bp: Any, name: str, t: torch.Tensor) -> None:
     setattr(bp, f"{name}_sn", sn)
 
 
+def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv: torch.Tensor,
+               dq_accum: torch.Tensor | None, dlse: torch.Tensor | None, ws: torch.Tensor, nq_pad: int) -> Any:
+    """The AttnBwdParams of one backward launch (padded and varlen).  dout, dq, dk, dv are (B, H, N, d)
+    views, whose strides the kernels index with (a packed varlen tensor: its (1, H, rows, d) view); dq is
+    None in atomic mode, which accumulates into dq_accum; ws holds the lse2 and dsum rows (Nq_pad each)."""
+    bp = _bwd_params_type()()
+    bp.dout = dout.data_ptr()
+    bp.dq = dq.data_ptr() if dq is not None else None
+    bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
+    bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
+    bp.dlse = dlse.data_ptr() if dlse is not None else None
+    bp.lse2, bp.dsum = ws[0].data_ptr(), ws[1].data_ptr()
+    _set_strides(bp, "do", dout)
+    if dq is not None:
+        _set_strides(bp, "dq", dq)
+    _set_strides(bp, "dk", dk)
+    _set_strides(bp, "dv", dv)
+    bp.Nq_pad = nq_pad
+    return bp
+
+
 def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                  buffers: Mapping[str, torch.Tensor], *, scale: float, dropout_p: float, seed: int, offset: int,
@@ -135,19 +156,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     bufs = prepare_buffers(ir, buffers, q.device)
     P, Bf = pack_params(q, k, v, out, lse, None, dims, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,
                         ir=ir, buffers=bufs)
-    bp = _bwd_params_type()()
-    bp.dout = dout.data_ptr()
-    bp.dq = dq.data_ptr() if dq is not None else None
-    bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
-    bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
-    bp.dlse = dlse.data_ptr() if dlse is not None else None
-    bp.lse2, bp.dsum = ws[0].data_ptr(), ws[1].data_ptr()
-    _set_strides(bp, "do", dout)
-    if dq is not None:
-        _set_strides(bp, "dq", dq)
-    _set_strides(bp, "dk", dk)
-    _set_strides(bp, "dv", dv)
-    bp.Nq_pad = nq_pad
+    bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad)
     grids = bwd_grids(plan, dims)
     with torch.cuda.device(q.device):
         for e in src.entries:

@@ -14,9 +14,10 @@ import torch
 
 from ..ir.types import AttentionIR
 from ..philox import dropout_threshold
+from . import blockstats
 from .params import PARAM_FIELDS, buffer_fields, ctypes_struct
 
-__all__ = ["InputError", "AttnInputs", "check_inputs", "prepare_buffers", "pack_params", "launch", "launch_structs"]
+__all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "check_out", "prepare_buffers", "pack_params", "launch", "launch_structs"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _MAX_GRID_Y = 65535
@@ -41,6 +42,22 @@ class AttnInputs:
 
 def _desc(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {t.dtype} on {t.device}"
+
+
+@functools.lru_cache(maxsize=512)
+def _index_limit(ir: AttentionIR) -> int | None:
+    from ..codegen.hooks import fast_index_limit
+    return fast_index_limit(ir)
+
+
+def check_index_limit(ir: AttentionIR, **dims: int) -> None:
+    """Refuse sizes beyond what the variant's hooks are exact for: hooks that turn token indices into
+    floats use a fast conversion exact up to :data:`attncompiler.codegen.cuda_printer.FAST_INDEX_LIMIT`."""
+    limit = _index_limit(ir)
+    if limit is not None and max(dims.values(), default=0) > limit:
+        got = ", ".join(f"{k}={v}" for k, v in dims.items())
+        raise InputError(f"sizes: expected every one of {', '.join(dims)} <= {limit} for this variant, whose "
+                         f"score/mask hooks convert token indices to float (exact up to {limit}), got {got}")
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: AttentionIR) -> AttnInputs:
@@ -84,6 +101,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
         raise InputError(f"batch*heads: expected at most {_MAX_GRID_Y} (the launch grid's y limit), got {B * H}")
     if max(Nq, Nk) >= 2**31 - 1024:
         raise InputError(f"seqlen: expected < 2^31, got Nq={Nq}, Nk={Nk}")
+    check_index_limit(ir, B=B, H=H, Nq=Nq, Nk=Nk)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() == 0:
             continue
@@ -98,6 +116,19 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
                 f"base), got strides {t.stride()} and address {t.data_ptr():#x}; call .contiguous() first"
             )
     return AttnInputs(B, H, H_kv, Nq, Nk, D, DV)
+
+
+def check_out(out: torch.Tensor, want: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
+    """A caller's ``out`` tensor, checked: shape ``want`` (the head dim last), q's dtype and device, a
+    contiguous head dim and 16-byte aligned rows (the other strides multiples of 8 elements, 16-byte
+    aligned base)."""
+    if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
+        raise InputError(f"out: expected {want} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype} "
+                         f"on {out.device}")
+    if out.numel() and (out.stride(-1) != 1 or any(s % 8 for s in out.stride()[:-1]) or out.data_ptr() % 16):
+        raise InputError(f"out: expected a contiguous head dim and 16-byte aligned rows, got strides "
+                         f"{out.stride()}")
+    return out
 
 
 def prepare_buffers(ir: AttentionIR, values: Mapping[str, torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -118,7 +149,10 @@ def prepare_buffers(ir: AttentionIR, values: Mapping[str, torch.Tensor], device:
             raise InputError(f"buffer {info.name!r}: expected {kind} tensor (the spec captured a {info.kind} buffer), "
                              f"got dtype {t.dtype}")
         want = torch.float32 if info.kind == "float" else torch.int32
-        out.append(t.to(device=device, dtype=want).contiguous())
+        if info.kind == "int" and info.name in blockstats.table_axes(ir):
+            out.append(blockstats.device_int32(t, device))  # cached per buffer version, like its table
+        else:
+            out.append(t.to(device=device, dtype=want).contiguous())
     return out
 
 
@@ -170,6 +204,7 @@ def pack_params(
         setattr(Bf, info.name, t.data_ptr())
         for i in range(info.ndim):
             setattr(Bf, f"{info.name}_d{i}", t.shape[i])
+    Bf._ac_keep = blockstats.fill_tables(Bf, ir, buffers)  # granule tables of the tile classifier's reads
     return P, Bf
 
 

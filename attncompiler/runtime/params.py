@@ -103,11 +103,16 @@ def ctypes_struct(name: str, fields: tuple[CField, ...]) -> type[ctypes.Structur
 
 
 def buffer_fields(buffers) -> tuple[CField, ...]:
-    """Fields of ``AttnBuffers`` for the IR's captured buffers: a pointer and each dimension."""
+    """Fields of ``AttnBuffers`` for the IR's captured buffers: a pointer and each dimension, and
+    for int buffers ``<name>_gminmax``, the (min, max) range table the tile classifier reads
+    (attncompiler/ir/bufreads.py, filled by runtime/blockstats.py; null when the mask needs none)."""
     out: list[CField] = []
     for b in buffers:
         ptr = "const float*" if b.kind == "float" else "const int*"
         out.append(CField(b.name, ptr, f"captured buffer, {b.ndim}-d, {b.kind}, contiguous"))
         for i in range(b.ndim):
             out.append(CField(f"{b.name}_d{i}", "int", f"size of dim {i}"))
+        if b.kind == "int":
+            out.append(CField(f"{b.name}_gminmax", "const int*", "range table of (min, max) over granules along "
+                              "the tile classifier's range axis, int32; may be null"))
     return tuple(out)

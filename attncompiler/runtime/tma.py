@@ -11,10 +11,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from typing import Any
 
 from .launch import InputError
 
-__all__ = ["TmaMap", "encode_attn_map", "tma_maps_struct", "attn_maps", "TMA_BOX_COLS", "TmaError"]
+__all__ = ["TmaMap", "encode_attn_map", "tma_maps_struct", "attn_maps", "TMA_BOX_COLS", "TmaError", "tma_layout_error"]
 
 TMA_BOX_COLS = 64  # 64 x 2 bytes = 128 bytes: the inner box extent SWIZZLE_128B allows
 
@@ -70,6 +71,16 @@ def _geometry(name: str, shape: tuple[int, int, int, int], strides: tuple[int, i
                            f"16 bytes below 2^40), got {s} bytes (element strides {strides}); call .contiguous() "
                            f"first")
     return (D, N, H, B), (bn, bh, bb)
+
+
+def tma_layout_error(name: str, t: Any) -> str | None:
+    """Why the strides of a (B, H, N, D) tensor ``t`` cannot be described as a TMA map (e.g. heads
+    broadcast by ``.expand()``: stride 0), or None when they can.  No driver call."""
+    try:
+        _geometry(name, tuple(int(x) for x in t.shape), tuple(int(x) for x in t.stride()[:3]), int(t.element_size()))
+    except TmaError as e:
+        return str(e)
+    return None
 
 
 def encode_attn_map(name: str, ptr: int, shape: tuple[int, int, int, int], strides: tuple[int, int, int],

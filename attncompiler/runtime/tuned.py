@@ -2,7 +2,10 @@
 
 A tuned plan is stored with its :class:`TuneKey` -- GPU name, SM arch, CUDA runtime and driver
 versions, package fingerprint (version + templates, headers and codegen modules), spec hash,
-schedule, dtype, head dims and seqlen bucket (next power of two of Nq) -- in one JSON file,
+schedule tuned ("v1", "v2", "v3", or "auto": v2 and v3 candidates together), dtype, head dims
+and seqlen bucket (next power of two of Nq) -- and the schedule that won
+(:attr:`TuneResult.schedule`; entries written before it was recorded read back as the key's
+schedule, so they stay usable) in one JSON file,
 ``<tuned dir>/plans.json`` (``ATTNCOMPILER_TUNED_DIR``, default ``<cache dir>/tuned``; in this
 process only with ``ATTNCOMPILER_DISABLE_CACHE=1``).  Writers read-modify-write it under a
 :class:`~.filelock.FileLock` and replace it atomically, so readers never see a torn file and
@@ -29,7 +32,7 @@ from .filelock import FileLock, atomic_write
 __all__ = [
     "FORMAT_VERSION", "Shape", "TuneError", "DeviceInfo", "TuneKey", "TunedCandidate", "TuneResult", "TunedStore",
     "device_info", "package_fingerprint", "spec_hash", "seqlen_bucket", "tune_key", "store", "find_tuned",
-    "lookup_tuned",
+    "lookup_tuned", "auto_lookup_order",
 ]
 
 FORMAT_VERSION = 1
@@ -168,11 +171,13 @@ class TunedCandidate:
     ms: float
     error: Optional[str] = None
     model_rank: int = 0  # 1 = the model's choice
+    schedule: str = ""  # the schedule the options are for ("": the key's)
 
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The outcome of tuning one key: the kept plan options and every candidate's time."""
+    """The outcome of tuning one key: the kept plan options (for ``schedule``, the winner: the key's
+    schedule unless that is "auto") and every candidate's time.  ``default_*`` is the model's choice."""
 
     key: TuneKey
     shape: Shape
@@ -183,6 +188,19 @@ class TuneResult:
     candidates: tuple[TunedCandidate, ...] = ()
     from_cache: bool = False
     path: Optional[str] = field(default=None, compare=False)
+    schedule: str = ""  # the schedule of ``options`` ("": the key's)
+    default_schedule: str = ""  # the schedule of ``default_options`` ("": ``schedule``)
+
+    def __post_init__(self) -> None:
+        tuned = self.key.schedule
+        sched = self.schedule or tuned
+        if sched == "auto":
+            raise TuneError("tuned plan: expected the winning schedule (v2 or v3) for a key tuned with 'auto', got none")
+        object.__setattr__(self, "schedule", sched)
+        object.__setattr__(self, "default_schedule", self.default_schedule or sched)
+        if tuned != "auto" and any(not c.schedule for c in self.candidates):
+            object.__setattr__(self, "candidates", tuple(c if c.schedule else dataclasses.replace(c, schedule=tuned)
+                                                         for c in self.candidates))
 
     @property
     def speedup(self) -> float:
@@ -193,9 +211,10 @@ class TuneResult:
         def num(x: float) -> Optional[float]:
             return x if math.isfinite(x) else None
 
-        return {"key": self.key.fields(), "shape": list(self.shape), "options": dict(self.options), "ms": self.ms,
+        return {"key": self.key.fields(), "shape": list(self.shape), "schedule": self.schedule,
+                "options": dict(self.options), "ms": self.ms, "default_schedule": self.default_schedule,
                 "default_options": dict(self.default_options), "default_ms": num(self.default_ms),
-                "candidates": [{"options": dict(c.options), "ms": num(c.ms), "error": c.error,
+                "candidates": [{"schedule": c.schedule, "options": dict(c.options), "ms": num(c.ms), "error": c.error,
                                 "model_rank": c.model_rank} for c in self.candidates],
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -204,11 +223,14 @@ class TuneResult:
         def num(x: Any) -> float:
             return math.inf if x is None else float(x)
 
-        cands = tuple(TunedCandidate(dict(c["options"]), num(c["ms"]), c.get("error"), int(c.get("model_rank", 0)))
+        cands = tuple(TunedCandidate(dict(c["options"]), num(c["ms"]), c.get("error"), int(c.get("model_rank", 0)),
+                                     str(c.get("schedule") or ""))
                       for c in d.get("candidates", ()))
+        # entries without "schedule" (written before it was recorded) are the key's schedule's
         return cls(key=TuneKey.from_fields(d["key"]), shape=tuple(d["shape"]), options=dict(d["options"]),
                    ms=float(d["ms"]), default_options=dict(d["default_options"]), default_ms=num(d["default_ms"]),
-                   candidates=cands, from_cache=True, path=path)
+                   candidates=cands, from_cache=True, path=path, schedule=str(d.get("schedule") or ""),
+                   default_schedule=str(d.get("default_schedule") or ""))
 
 
 class TunedStore:
@@ -312,15 +334,26 @@ def store() -> TunedStore:
 _found: dict[tuple, Optional[TuneResult]] = {}
 
 
+def auto_lookup_order(sm_arch: str) -> tuple[str, ...]:
+    """Key schedules whose entries ``compile(schedule="auto")`` may use on ``sm_arch``, preferred first:
+    entries tuned with "auto" (they compared v2 and v3), then v3 (sm_90 only), then v2.  v1 entries are
+    never used by "auto" (only by ``compile(spec, "v1", **options)``)."""
+    return ("auto", "v3", "v2") if sm_arch == "sm_90" else ("auto", "v2")
+
+
 def find_tuned(ir: Any, target: Any = None, seqlen: Optional[int] = None, *, schedule: str = "v2",
                nearest: bool = True, ir_key: Optional[tuple] = None) -> Optional[TuneResult]:
     """The tuned result for ``ir`` on the current GPU at ``seqlen``'s bucket, or None.
 
-    None also when tuned plans are disabled (``ATTNCOMPILER_USE_TUNED=0``), there is no GPU, or
-    ``target`` is not the current GPU's arch.  With ``nearest``, a missing bucket falls back to the
-    family's nearest tuned bucket (``seqlen`` None: the largest); any tuned plan is correct at every
-    length, only its speed was measured at another.  ``ir_key`` (``ir.key()``) saves recomputing
-    it; answers are memoized until the store changes, so this is cheap enough for every call.
+    ``schedule`` "v1" / "v2" / "v3" / "auto" asks for entries tuned with that schedule, except
+    that "auto" means what ``compile(schedule="auto")`` uses: an entry of any key schedule in
+    :func:`auto_lookup_order` -- the one nearest ``seqlen``'s bucket, at equal distance the first
+    in that order.  The result's ``schedule`` is the plan's.  None also when tuned plans are disabled
+    (``ATTNCOMPILER_USE_TUNED=0``), there is no GPU, or ``target`` is not the current GPU's arch.
+    With ``nearest``, a missing bucket falls back to the family's nearest tuned bucket (``seqlen``
+    None: the largest); any tuned plan is correct at every length, only its speed was measured at
+    another.  ``ir_key`` (``ir.key()``) saves recomputing it; answers are memoized until the store
+    changes, so this is cheap enough for every call.
     """
     if not env.use_tuned():
         return None
@@ -342,7 +375,16 @@ def find_tuned(ir: Any, target: Any = None, seqlen: Optional[int] = None, *, sch
     memo = (st.path, version, key.family(), None if seqlen is None else key.seqlen_bucket, nearest)
     if memo in _found:
         return _found[memo]
-    res = _find(st, key, seqlen is not None, nearest)
+    order = auto_lookup_order(info.sm_arch) if schedule == "auto" else (schedule,)
+    hits = [(i, r) for i, s in enumerate(order)
+            if (r := _find(st, dataclasses.replace(key, schedule=s), seqlen is not None, nearest)) is not None]
+    res = None
+    if hits and seqlen is not None:
+        want = math.log2(key.seqlen_bucket)
+        res = min(hits, key=lambda h: (abs(math.log2(h[1].key.seqlen_bucket) - want), -h[1].key.seqlen_bucket,
+                                       h[0]))[1]
+    elif hits:
+        res = min(hits, key=lambda h: (-h[1].key.seqlen_bucket, h[0]))[1]
     if len(_found) > 4096:  # stale versions accumulate; start over
         _found.clear()
     _found[memo] = res
@@ -365,6 +407,7 @@ def _find(st: TunedStore, key: TuneKey, exact: bool, nearest: bool) -> Optional[
 
 def lookup_tuned(ir: Any, target: Any = None, Nq: Optional[int] = None, *, schedule: str = "v2",
                  nearest: bool = True) -> Optional[dict[str, Any]]:
-    """The tuned plan options (for ``compile(spec, schedule, **options)``), or None; see :func:`find_tuned`."""
+    """The tuned plan options (for ``compile(spec, schedule, **options)``), or None; see :func:`find_tuned`
+    (with ``schedule="auto"`` the options are for the result's ``schedule``: use :func:`find_tuned`)."""
     res = find_tuned(ir, target, Nq, schedule=schedule, nearest=nearest)
     return None if res is None else dict(res.options)

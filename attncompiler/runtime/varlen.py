@@ -31,7 +31,7 @@ from ..codegen.v2_bwd import bwd_grids, nq_padded
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from .compiler import LoadedKernel, compile_kernel
-from .launch import AttnInputs, InputError, launch, pack_params, prepare_buffers
+from .launch import AttnInputs, InputError, check_index_limit, check_out, launch, pack_params, prepare_buffers
 
 __all__ = ["VarlenInputs", "check_varlen", "varlen_fwd_source", "run_varlen_forward", "run_varlen_backward"]
 
@@ -170,6 +170,7 @@ def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, m
         raise InputError(f"sequences*heads: expected at most {_MAX_GRID_Y} (the launch grid's y limit), got {B * H}")
     if max(total_q, total_k) >= 2**31 - 1024 or max(max_q, max_k) >= 2**31 - 1024:
         raise InputError(f"rows: expected < 2^31, got total_q={total_q}, total_k={total_k}")
+    check_index_limit(ir, sequences=B, heads=H, max_seqlen_q=max_q, max_seqlen_k=max_k)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() == 0:
             continue
@@ -240,14 +241,7 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
     """(out (total_q, H, DV), lse (H, total_q) float32) of a packed batch."""
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     if out is not None:
-        want = (vi.total_q, vi.H, vi.DV)
-        if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
-            raise InputError(f"out: expected {want} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype} "
-                             f"on {out.device}")
-        if out.numel() and (out.stride(-1) != 1 or any(s % 8 for s in out.stride()[:2]) or out.data_ptr() % 16):
-            raise InputError(f"out: expected a contiguous head dim and 16-byte aligned rows, got strides "
-                             f"{out.stride()}")
-        o = out
+        o = check_out(out, (vi.total_q, vi.H, vi.DV), q)
     else:
         o = torch.empty(vi.total_q, vi.H, vi.DV, device=q.device, dtype=q.dtype)
     lse = torch.empty(vi.H, vi.total_q, device=q.device, dtype=torch.float32)
@@ -300,7 +294,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (v2
     backward kernels rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
-    from .backward import _bwd_params_type, _set_strides, bwd_source, load_bwd
+    from .backward import bwd_params, bwd_source, load_bwd
 
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     want = (vi.total_q, vi.H, vi.DV)
@@ -338,19 +332,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(out), lse, None, dims, scale=scale, dropout_p=dropout_p,
                         seed=seed, offset=offset, ir=ir, buffers=bufs)
     _set_cu(P, cu_q, cu_k)
-    bp = _bwd_params_type()()
-    bp.dout = dout.data_ptr()
-    bp.dq = dq.data_ptr() if dq is not None else None
-    bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
-    bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
-    bp.dlse = dlse.data_ptr() if dlse is not None else None
-    bp.lse2, bp.dsum = ws[0].data_ptr(), ws[1].data_ptr()
-    _set_strides(bp, "do", _as4(dout))
-    if dq is not None:
-        _set_strides(bp, "dq", _as4(dq))
-    _set_strides(bp, "dk", _as4(dk))
-    _set_strides(bp, "dv", _as4(dv))
-    bp.Nq_pad = nq_pad
+    bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad)
     grids = bwd_grids(plan, dims)
     from .launch import launch_structs
 

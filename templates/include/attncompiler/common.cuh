@@ -38,6 +38,27 @@ AC_HOST_DEVICE __forceinline__ int ac_mod(int a, int b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
+// Hook math of the printer's fast mode (attncompiler/codegen/cuda_printer.py, fast=True).
+// int -> float for |i| < 2^22 on the FMA pipes: i added into the mantissa of 1.5 * 2^23, then the
+// offset subtracted (exact); I2F would share the quarter-rate pipe with the softmax's exp2.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float ac_i2f(int i) { return __int_as_float(0x4B400000 + i) - 12582912.0f; }
+// tanh in one MUFU op (tanh.approx.f32, max relative error ~2^-11).
+__device__ __forceinline__ float ac_tanhf(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#else  // host builds of this header (the printer's g++ tests): the same values
+inline float ac_i2f(int i) {
+  const unsigned int u = 0x4B400000u + static_cast<unsigned int>(i);
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f - 12582912.0f;
+}
+inline float ac_tanhf(float x) { return tanhf(x); }
+#endif
+
 template <typename T> struct ac_type_traits;
 template <> struct ac_type_traits<__nv_bfloat16> {
   static __device__ __forceinline__ unsigned int pack2(float lo, float hi) {

@@ -25,62 +25,9 @@
 // D, DV, BLOCK_N, NUM_WARPS, STAGES, Q_IN_REGS, L2_HINT.
 #pragma once
 
+#include "attncompiler/ranges.cuh"
+
 namespace ac {
-
-// Cooperative cp.async of a ROWS x COLS K or V tile into padded shared memory (row stride SSTRIDE
-// elements), rows >= rows_valid zero-filled, with an L2 prefetch-size hint: L2_HINT = 0 (none), 128 or
-// 256 bytes (`cp.async.cg.shared.global.L2::256B`: the L2 fetches whole 256-byte lines from DRAM; each
-// warp's 32 copies cover 512 contiguous bytes of a (B, H, N, d) K/V row run).
-template <int L2_HINT>
-__device__ __forceinline__ void decode_cp_async(unsigned int dst, const void* src, int n) {
-  static_assert(L2_HINT == 0 || L2_HINT == 128 || L2_HINT == 256, "L2_HINT is 0, 128 or 256");
-  if constexpr (L2_HINT == 256) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-  } else if constexpr (L2_HINT == 128) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-  } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-  }
-}
-
-// Each thread owns one 16-byte column chunk and walks the rows with a constant step (one shared base
-// plus immediates, one global pointer advanced by a fixed stride, as load_tile_rows_async).
-template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, int L2_HINT, typename T>
-__device__ __forceinline__ void decode_load_tile(unsigned int smem_addr, const T* gmem, long long gstride,
-                                                 int rows_valid, int tid) {
-  constexpr int kChunksPerRow = COLS / 8;
-  if constexpr (NTHREADS % kChunksPerRow != 0) {
-    constexpr int kChunks = ROWS * kChunksPerRow;
-    constexpr int kIters = (kChunks + NTHREADS - 1) / NTHREADS;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int c = tid + it * NTHREADS;
-      if (kChunks % NTHREADS != 0 && c >= kChunks) break;
-      const int r = c / kChunksPerRow;
-      const int cc = c % kChunksPerRow;
-      const bool valid = r < rows_valid;
-      decode_cp_async<L2_HINT>(smem_addr + (r * SSTRIDE + cc * 8) * 2, valid ? gmem + r * gstride + cc * 8 : gmem,
-                               valid ? 16 : 0);
-    }
-  } else {
-    constexpr int kRowStep = NTHREADS / kChunksPerRow;
-    constexpr int kIters = (ROWS + kRowStep - 1) / kRowStep;
-    const int r0 = tid / kChunksPerRow;
-    const int cc = tid % kChunksPerRow;
-    const unsigned int dst = smem_addr + (r0 * SSTRIDE + cc * 8) * 2;
-    const T* src = gmem + r0 * gstride + cc * 8;
-    const long long step = kRowStep * gstride;
-    const bool full = rows_valid >= ROWS;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      if (ROWS % kRowStep != 0 && r0 + it * kRowStep >= ROWS) break;
-      const bool valid = full || r0 + it * kRowStep < rows_valid;
-      decode_cp_async<L2_HINT>(dst + it * kRowStep * SSTRIDE * 2, valid ? src : gmem, valid ? 16 : 0);
-      src += step;
-      asm("" : "+l"(src));
-    }
-  }
-}
 
 template <class Cfg>
 struct DecodeLayout {
@@ -122,35 +69,23 @@ __device__ __forceinline__ void decode_head_rows(int hg, int R0, int nrows, int 
 }
 
 // Tile class of [kv_lo, kv_hi] for all the CTA's rows: EMPTY only if EMPTY for every head, FULL only
-// if FULL for every head.
-__device__ __forceinline__ int decode_tile_class(int b, int h0, int R0, int nrows, int kv_lo, int kv_hi,
-                                                 const AttnParams& p, const AttnBuffers& buf) {
-  bool any_visible = false, all_full = true;
-  const int hg_end = (R0 + nrows - 1) / p.Nq;
-  for (int hg = R0 / p.Nq; hg <= hg_end; ++hg) {
-    int q_lo, q_hi;
-    decode_head_rows(hg, R0, nrows, p.Nq, q_lo, q_hi);
-    const int c = Variant::tile_class(b, h0 + hg, q_lo, q_hi, kv_lo, kv_hi, p, buf);
-    any_visible = any_visible || (c != AC_TILE_EMPTY);
-    all_full = all_full && (c == AC_TILE_FULL);
-  }
-  return !any_visible ? AC_TILE_EMPTY : (all_full ? AC_TILE_FULL : AC_TILE_PARTIAL);
-}
-
-// The first block j' >= j (below j_end) not proven EMPTY for the CTA's rows (j_end: none).
-template <int BN>
-__device__ __forceinline__ int decode_next_block(int j, int j_end, int b, int h0, int R0, int nrows,
-                                                 const AttnParams& p, const AttnBuffers& buf) {
-  if constexpr (Variant::kHasMask) {
-    while (j < j_end) {
-      const int kv_lo = j * BN;
-      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
-      if (decode_tile_class(b, h0, R0, nrows, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
-      ++j;
+// if FULL for every head. A Tiles class for kv_next_block (ranges.cuh): the first block not proven
+// EMPTY for the CTA's rows is kv_next_block<BN, DecodeTiles>(j, j_end, b, h0, R0, nrows, p, buf).
+struct DecodeTiles {
+  static __device__ __forceinline__ int tile_class(int b, int h0, int R0, int nrows, int kv_lo, int kv_hi,
+                                                   const AttnParams& p, const AttnBuffers& buf) {
+    bool any_visible = false, all_full = true;
+    const int hg_end = (R0 + nrows - 1) / p.Nq;
+    for (int hg = R0 / p.Nq; hg <= hg_end; ++hg) {
+      int q_lo, q_hi;
+      decode_head_rows(hg, R0, nrows, p.Nq, q_lo, q_hi);
+      const int c = Variant::tile_class(b, h0 + hg, q_lo, q_hi, kv_lo, kv_hi, p, buf);
+      any_visible = any_visible || (c != AC_TILE_EMPTY);
+      all_full = all_full && (c == AC_TILE_FULL);
     }
+    return !any_visible ? AC_TILE_EMPTY : (all_full ? AC_TILE_FULL : AC_TILE_PARTIAL);
   }
-  return j;
-}
+};
 
 template <class Cfg>
 __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuffers& buf, const DecodeParams& dp) {
@@ -186,8 +121,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
       const bool valid = r < nrows;
       const int R = R0 + (valid ? r : 0);
       const T* src = gQ + b * p.q_sb + (long long)(h0 + R / p.Nq) * p.q_sh + (long long)(R % p.Nq) * p.q_sn + cc * 8;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem0 + (r * L::QS + cc * 8) * 2),
-                   "l"(src), "r"(valid ? 16 : 0));
+      cp_async_16_zfill(smem0 + (r * L::QS + cc * 8) * 2, src, valid ? 16 : 0);
     }
     cp_async_commit();
   }
@@ -220,16 +154,19 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
 
   // Prologue: STAGES - 1 tiles in flight (one commit group each, empty groups keep the count).
-  int j_load = decode_next_block<BN>(my_begin, my_end, b, h0, R0, nrows, p, buf);
+  // K/V tiles (rows past Nk zero-filled) with the plan's L2 prefetch-size hint (Cfg::L2_HINT; 256 =
+  // `.L2::256B`: each warp's 32 copies cover 512 contiguous bytes of a (B, H, N, d) K/V row run) and
+  // FULL_BRANCH = false: one predicated copy loop, half the copy code inside the ring's loop.
+  int j_load = kv_next_block<BN, DecodeTiles>(my_begin, my_end, b, h0, R0, nrows, p, buf);
 #pragma unroll
   for (int s = 0; s < L::STAGES - 1; ++s) {
     if (j_load < my_end) {
       const int rows = p.Nk - j_load * BN;
-      decode_load_tile<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT>(sK0 + s * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn,
-                                                      p.k_sn, rows, tid);
-      decode_load_tile<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT>(sV0 + s * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn,
-                                                       p.v_sn, rows, tid);
-      j_load = decode_next_block<BN>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
+          sK0 + s * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
+      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
+          sV0 + s * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
+      j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
     }
     cp_async_commit();
   }
@@ -269,7 +206,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     for (int kk = 0; kk < L::KT_QK; ++kk) ldmatrix_x4(q_frag[kk], q_base + kk * 16 * 2);
   }
 
-  int j = decode_next_block<BN>(my_begin, my_end, b, h0, R0, nrows, p, buf);
+  int j = kv_next_block<BN, DecodeTiles>(my_begin, my_end, b, h0, R0, nrows, p, buf);
   int stage = 0;                   // stage of tile j
   int load_stage = L::STAGES - 1;  // stage the next load goes to
   while (j < my_end) {
@@ -278,11 +215,11 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     __syncthreads();
     if (j_load < my_end) {
       const int rows = p.Nk - j_load * BN;
-      decode_load_tile<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT>(sK0 + load_stage * L::kStageBytes,
-                                                      gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
-      decode_load_tile<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT>(sV0 + load_stage * L::kStageBytes,
-                                                       gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
-      j_load = decode_next_block<BN>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
+          sK0 + load_stage * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
+      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
+          sV0 + load_stage * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
+      j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
     }
     cp_async_commit();
     load_stage = (load_stage + 1 == L::STAGES) ? 0 : load_stage + 1;
@@ -290,7 +227,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     const int kv0 = j * BN + warp * KW;  // this warp's first key
     const unsigned int soff = stage * L::kStageBytes;
     int tile = AC_TILE_FULL;
-    if constexpr (Variant::kHasMask) tile = decode_tile_class(b, h0, R0, nrows, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf);
+    if constexpr (Variant::kHasMask) tile = DecodeTiles::tile_class(b, h0, R0, nrows, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf);
     const bool need_mask = (tile != AC_TILE_FULL) || (j * BN + BN > p.Nk);
 
     // S = Q K^T for this warp's KW keys.
@@ -330,7 +267,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
           const int kv_idx = kv0 + nt * 8 + 2 * t + e;
           float x = acc_s[nt][2 * hf + e];
           if constexpr (Variant::kHasScoreMod) {
-            x = Variant::score_mod(x * p.scale, b, row_h[hf], row_q[hf], kv_idx, p, buf) * AC_LOG2E;
+            x = Variant::score_mod_log2(x, b, row_h[hf], row_q[hf], kv_idx, p, buf);
           }
           if (need_mask) {
             bool visible = kv_idx < p.Nk;
@@ -399,7 +336,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     }
 
     stage = (stage + 1 == L::STAGES) ? 0 : stage + 1;
-    j = decode_next_block<BN>(j + 1, my_end, b, h0, R0, nrows, p, buf);
+    j = kv_next_block<BN, DecodeTiles>(j + 1, my_end, b, h0, R0, nrows, p, buf);
   }
 
   // Merge the warps' (m, l, O) through shared memory (aliasing the K/V stages: drain every copy first).

@@ -15,11 +15,35 @@ __device__ __forceinline__ unsigned int smem_u32(const void* ptr) {
   return static_cast<unsigned int>(__cvta_generic_to_shared(ptr));
 }
 
+// 16-byte async copy to the shared-state-space byte address dst: src_bytes (16 or 0) are read and the
+// rest of the 16 zero-filled (0: nothing read), with an L2 prefetch-size hint: L2_HINT = 0 (none),
+// 128 or 256 bytes (`.L2::256B`: the L2 fetches whole 256-byte lines from DRAM).
+template <int L2_HINT = 0>
+__device__ __forceinline__ void cp_async_16_zfill(unsigned int dst, const void* src, int src_bytes) {
+  static_assert(L2_HINT == 0 || L2_HINT == 128 || L2_HINT == 256, "L2_HINT is 0, 128 or 256");
+  if constexpr (L2_HINT == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  } else if constexpr (L2_HINT == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  }
+}
 // 16-byte async copy; when !valid the destination is zero-filled and nothing is read.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(gmem_src),
-               "r"(src_bytes));
+  cp_async_16_zfill(smem_u32(smem_dst), gmem_src, valid ? 16 : 0);
+}
+// The same with all 16 bytes read (no source-size operand).
+template <int L2_HINT = 0>
+__device__ __forceinline__ void cp_async_16_all(unsigned int dst, const void* src) {
+  static_assert(L2_HINT == 0 || L2_HINT == 128 || L2_HINT == 256, "L2_HINT is 0, 128 or 256");
+  if constexpr (L2_HINT == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  } else if constexpr (L2_HINT == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -111,8 +135,11 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long lon
 // Each thread owns one 16-byte column chunk and walks the rows with a constant step, so its
 // addresses are one shared base plus immediates and one global pointer advanced by a fixed stride
 // (the empty asm keeps the compiler from precomputing, and holding in registers, one 64-bit address
-// per chunk across the caller's loop). Full tiles (rows_valid >= ROWS) take a branch with no checks.
-template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, typename T>
+// per chunk across the caller's loop). FULL_BRANCH: full tiles (rows_valid >= ROWS) take a branch
+// with no checks; false: one loop whose copies all carry the row check (`full ||` short-cuts it),
+// half the copy code (decode's K/V ring). L2_HINT: the copies' L2 prefetch-size hint
+// (cp_async_16_zfill; decode streams K/V with 256).
+template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, int L2_HINT = 0, bool FULL_BRANCH = true, typename T>
 __device__ __forceinline__ void load_tile_rows_async(unsigned int smem_addr, const T* gmem, long long gstride,
                                                      int rows_valid, int tid) {
   constexpr int kChunksPerRow = COLS / 8;
@@ -129,8 +156,7 @@ __device__ __forceinline__ void load_tile_rows_async(unsigned int smem_addr, con
       const int cc = c % kChunksPerRow;
       const bool valid = r < rows_valid;
       const T* src = valid ? gmem + r * gstride + cc * 8 : gmem;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr + (r * SSTRIDE + cc * 8) * 2),
-                   "l"(src), "r"(valid ? 16 : 0));
+      cp_async_16_zfill<L2_HINT>(smem_addr + (r * SSTRIDE + cc * 8) * 2, src, valid ? 16 : 0);
     }
   } else {
     constexpr int kRowStep = NTHREADS / kChunksPerRow;
@@ -140,12 +166,12 @@ __device__ __forceinline__ void load_tile_rows_async(unsigned int smem_addr, con
     const unsigned int dst = smem_addr + (r0 * SSTRIDE + cc * 8) * 2;
     const T* src = gmem + r0 * gstride + cc * 8;
     const long long step = kRowStep * gstride;
-    if (rows_valid >= ROWS) {
+    const bool full = rows_valid >= ROWS;
+    if (FULL_BRANCH && full) {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         if (ROWS % kRowStep != 0 && r0 + it * kRowStep >= ROWS) break;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + it * kRowStep * SSTRIDE * 2),
-                     "l"(src));
+        cp_async_16_all<L2_HINT>(dst + it * kRowStep * SSTRIDE * 2, src);
         src += step;
         asm("" : "+l"(src));
       }
@@ -153,9 +179,8 @@ __device__ __forceinline__ void load_tile_rows_async(unsigned int smem_addr, con
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         if (ROWS % kRowStep != 0 && r0 + it * kRowStep >= ROWS) break;
-        const bool valid = r0 + it * kRowStep < rows_valid;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + it * kRowStep * SSTRIDE * 2),
-                     "l"(valid ? src : gmem), "r"(valid ? 16 : 0));
+        const bool valid = full || r0 + it * kRowStep < rows_valid;
+        cp_async_16_zfill<L2_HINT>(dst + it * kRowStep * SSTRIDE * 2, valid ? src : gmem, valid ? 16 : 0);
         src += step;
         asm("" : "+l"(src));
       }

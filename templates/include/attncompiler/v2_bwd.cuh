@@ -413,6 +413,38 @@ __device__ __forceinline__ void dq_product_red(unsigned int s_ds, unsigned int s
   }
 }
 
+// Where a dK/dV CTA (v2_bwd_kv, v2_bwd_kv_2d) and its thread stand: K/V block kv_block = blockIdx.x
+// of batch b and K/V head h_kv (blockIdx.y = b * H_kv + h_kv), reduced over the group's G = H / H_kv
+// query heads; its keys [kv0, kv_hi] (kv_rows of them: BN, fewer in the ragged last block) and their
+// K and V rows gK, gV in global memory; the thread's warp, lane and mma fragment row g / column t.
+struct V2BwdKvPos {
+  int kv_block, b, h_kv, G, kv0, kv_rows, kv_hi, tid, warp, lane, g, t;
+  const ac_elem_t* gK;
+  const ac_elem_t* gV;
+};
+
+template <int BN>
+__device__ __forceinline__ V2BwdKvPos v2_bwd_kv_pos(const AttnParams& p) {
+  using T = ac_elem_t;
+  V2BwdKvPos c;
+  c.kv_block = blockIdx.x;
+  const int bhk = blockIdx.y;
+  c.b = bhk / p.H_kv;
+  c.h_kv = bhk % p.H_kv;
+  c.G = p.H / p.H_kv;
+  c.tid = threadIdx.x;
+  c.warp = c.tid >> 5;
+  c.lane = c.tid & 31;
+  c.g = c.lane >> 2;
+  c.t = c.lane & 3;
+  c.kv0 = c.kv_block * BN;
+  c.kv_rows = min(BN, p.Nk - c.kv0);
+  c.kv_hi = c.kv0 + c.kv_rows - 1;
+  c.gK = reinterpret_cast<const T*>(p.k) + c.b * p.k_sb + c.h_kv * p.k_sh + (long long)c.kv0 * p.k_sn;
+  c.gV = reinterpret_cast<const T*>(p.v) + c.b * p.v_sb + c.h_kv * p.v_sh + (long long)c.kv0 * p.v_sn;
+  return c;
+}
+
 template <class Cfg, bool kDoDV, bool kDoDK, bool kDQAtomic>
 __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf) {
   using L = V2BwdLayout<Cfg>;
@@ -430,22 +462,9 @@ __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdPara
   const unsigned int sStage0 = sV + L::kVBytes;        // stage s at sStage0 + s * kStageBytes: Q, dO, lse2, dsum
   const unsigned int sS = sStage0 + L::STAGES * L::kStageBytes;
 
-  const int kv_block = blockIdx.x;
-  const int bhk = blockIdx.y;
-  const int b = bhk / p.H_kv;
-  const int h_kv = bhk % p.H_kv;
-  const int G = p.H / p.H_kv;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-
-  const int kv0 = kv_block * BN;
-  const int kv_rows = min(BN, p.Nk - kv0);
-  const int kv_hi = kv0 + kv_rows - 1;
-  const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h_kv * p.k_sh + (long long)kv0 * p.k_sn;
-  const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh + (long long)kv0 * p.v_sn;
+  const V2BwdKvPos pos = v2_bwd_kv_pos<BN>(p);
+  const int kv_block = pos.kv_block, b = pos.b, h_kv = pos.h_kv, G = pos.G, kv0 = pos.kv0, kv_rows = pos.kv_rows;
+  const int kv_hi = pos.kv_hi, tid = pos.tid, warp = pos.warp, lane = pos.lane, g = pos.g, t = pos.t;
 
   const int nqb = (p.Nq + BM - 1) / BM;
   const int total = G * nqb;
@@ -490,8 +509,8 @@ __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdPara
   };
 
   // Prologue: K, V and the first query block.
-  load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK, gK, p.k_sn, kv_rows, tid);
-  load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV, gV, p.v_sn, kv_rows, tid);
+  load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK, pos.gK, p.k_sn, kv_rows, tid);
+  load_tile_rows_async<BN, DV, L::VS, L::NTHREADS>(sV, pos.gV, p.v_sn, kv_rows, tid);
   int it = next_it(0);
   if (it < total) load_stage(it, 0);
   cp_async_commit();
@@ -682,22 +701,9 @@ __device__ __forceinline__ void v2_bwd_kv_2d(const AttnParams& p, const AttnBwdP
   const unsigned int sP = sStage0 + L::STAGES * L::kStageBytes;
   const unsigned int sS = sP + L::kSBytes;
 
-  const int kv_block = blockIdx.x;
-  const int bhk = blockIdx.y;
-  const int b = bhk / p.H_kv;
-  const int h_kv = bhk % p.H_kv;
-  const int G = p.H / p.H_kv;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-
-  const int kv0 = kv_block * BN;
-  const int kv_rows = min(BN, p.Nk - kv0);
-  const int kv_hi = kv0 + kv_rows - 1;
-  const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h_kv * p.k_sh + (long long)kv0 * p.k_sn;
-  const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh + (long long)kv0 * p.v_sn;
+  const V2BwdKvPos pos = v2_bwd_kv_pos<BN>(p);
+  const int kv_block = pos.kv_block, b = pos.b, h_kv = pos.h_kv, G = pos.G, kv0 = pos.kv0, kv_rows = pos.kv_rows;
+  const int kv_hi = pos.kv_hi, tid = pos.tid, warp = pos.warp, lane = pos.lane, g = pos.g, t = pos.t;
 
   const int nqb = (p.Nq + BM - 1) / BM;
   const int rot = kDQAtomic ? kv_block % nqb : 0;  // see v2_bwd_kv
@@ -748,8 +754,8 @@ __device__ __forceinline__ void v2_bwd_kv_2d(const AttnParams& p, const AttnBwdP
   };
   static_assert(BM / 2 <= L::NTHREADS, "one thread per lse2 / dsum chunk");
 
-  load_tile_rows_async<BN, D, KS, L::NTHREADS>(sK, gK, p.k_sn, kv_rows, tid);
-  load_tile_rows_async<BN, DV, VS, L::NTHREADS>(sV, gV, p.v_sn, kv_rows, tid);
+  load_tile_rows_async<BN, D, KS, L::NTHREADS>(sK, pos.gK, p.k_sn, kv_rows, tid);
+  load_tile_rows_async<BN, DV, VS, L::NTHREADS>(sV, pos.gV, p.v_sn, kv_rows, tid);
   Walk cur = skip_empty(Walk{0, 0});
   if (cur.hg < G) load_stage(cur, 0);
   cp_async_commit();

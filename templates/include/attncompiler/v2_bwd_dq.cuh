@@ -13,6 +13,8 @@
 // DQ_BLOCK_M, DQ_BLOCK_N, DQ_NUM_WARPS.
 #pragma once
 
+#include "attncompiler/ranges.cuh"
+
 namespace ac {
 
 template <class Cfg>
@@ -66,16 +68,6 @@ __device__ __forceinline__ void v2_bwd_dq(const AttnParams& p, const AttnBwdPara
   const T* gK = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h_kv * p.k_sh;
   const T* gV = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h_kv * p.v_sh;
   const int nblocks = (p.Nk + BN - 1) / BN;
-  auto next_block = [&](int j) {
-    if constexpr (Variant::kHasMask) {
-      while (j < nblocks) {
-        const int lo = j * BN;
-        if (Variant::tile_class(b, h, q0, q_hi, lo, min(lo + BN, p.Nk) - 1, p, buf) != AC_TILE_EMPTY) break;
-        ++j;
-      }
-    }
-    return j;
-  };
   auto load_kv = [&](int j, unsigned int stage_off) {
     const int rows = p.Nk - j * BN;
     load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0 + stage_off, gK + (long long)j * BN * p.k_sn, p.k_sn, rows, tid);
@@ -87,7 +79,7 @@ __device__ __forceinline__ void v2_bwd_dq(const AttnParams& p, const AttnBwdPara
   load_tile_rows_async<BM, DV, L::VS, L::NTHREADS>(
       sdO, reinterpret_cast<const T*>(bp.dout) + b * bp.do_sb + h * bp.do_sh + (long long)q0 * bp.do_sn, bp.do_sn,
       q_rows, tid);
-  int j = next_block(0);
+  int j = kv_next_block<BN>(0, nblocks, b, h, q0, q_hi, p, buf);  // the first block not proven EMPTY
   if (j < nblocks) load_kv(j, 0);
   cp_async_commit();
 
@@ -121,7 +113,7 @@ __device__ __forceinline__ void v2_bwd_dq(const AttnParams& p, const AttnBwdPara
 
   unsigned int stage_off = 0;
   while (j < nblocks) {
-    const int j_next = next_block(j + 1);
+    const int j_next = kv_next_block<BN>(j + 1, nblocks, b, h, q0, q_hi, p, buf);
     cp_async_wait<0>();
     __syncthreads();
     if (j_next < nblocks) load_kv(j_next, stage_off ^ L::kStageBytes);

@@ -29,6 +29,8 @@
 // D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS, STAGES.
 #pragma once
 
+#include "attncompiler/ranges.cuh"
+
 namespace ac {
 
 template <class Cfg>
@@ -63,38 +65,6 @@ struct V2Layout {
   static_assert(STAGES == 1 || STAGES == 2, "STAGES is 1 or 2");
   static_assert(kSmemBytes == kQBytes + STAGES * kStageBytes, "layout");
 };
-
-// The K/V blocks [j_begin, j_end) that can hold a key visible from query rows [q_lo, q_hi]: the
-// blocks meeting Variant::kv_range (derived from the mask, attncompiler/ir/ranges.py; sound, so
-// every block outside is EMPTY). Only called with a mask (without one: all blocks).
-template <class Cfg>
-__device__ __forceinline__ void v2_block_range(int b, int h, int q_lo, int q_hi, const AttnParams& p,
-                                               const AttnBuffers& buf, int& j_begin, int& j_end) {
-  constexpr int BN = Cfg::BLOCK_N;
-  int lo, hi;
-  Variant::kv_range(b, h, q_lo, q_hi, p, buf, lo, hi);
-  lo = max(lo, 0);
-  hi = min(hi, p.Nk - 1);
-  j_begin = lo / BN;
-  j_end = (lo > hi) ? 0 : hi / BN + 1;  // lo > hi: no visible key, the rows get O = 0, LSE = -inf
-}
-
-// The first block j' >= j (below j_end) that tile_class does not prove EMPTY (j_end: none). Called
-// on in-range blocks only, where the scan is short (window edges).
-template <class Cfg>
-__device__ __forceinline__ int v2_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi,
-                                             const AttnParams& p, const AttnBuffers& buf) {
-  constexpr int BN = Cfg::BLOCK_N;
-  if constexpr (Variant::kHasMask) {
-    while (j < j_end) {
-      const int kv_lo = j * BN;
-      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
-      if (Variant::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
-      ++j;
-    }
-  }
-  return j;
-}
 
 // Per-thread state and constants of one CTA; the tile body is a member template so the masked and
 // unmasked instantiations share everything else.
@@ -166,7 +136,7 @@ struct V2Cta {
             const int kv_idx = kv0 + nt * 8 + 2 * t + e;
             float x = acc_s[mt][nt][2 * hf + e];
             if constexpr (Variant::kHasScoreMod) {
-              x = Variant::score_mod(x * p.scale, b, h, q_idx, kv_idx, p, buf) * AC_LOG2E;
+              x = Variant::score_mod_log2(x, b, h, q_idx, kv_idx, p, buf);
             }
             if constexpr (kMasked) {
               bool visible = kv_idx < p.Nk;
@@ -332,8 +302,8 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   // The K/V blocks [j, j_end) that can hold a key visible from this CTA's rows.
   int j = 0, j_end = (p.Nk + BN - 1) / BN;
   if constexpr (Variant::kHasMask) {
-    v2_block_range<Cfg>(b, h, q0, q_hi, p, buf, j, j_end);
-    j = v2_next_block<Cfg>(j, j_end, b, h, q0, q_hi, p, buf);
+    kv_block_range<BN>(b, h, q0, q_hi, p, buf, j, j_end);
+    j = kv_next_block<BN>(j, j_end, b, h, q0, q_hi, p, buf);
   }
 
   // Prologue: Q and the first K tile (and, with two stages, the first V tile).
@@ -386,7 +356,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     const int kv0 = j * BN;
     const int kv_rows = min(BN, p.Nk - kv0);
     const int kv_hi = kv0 + kv_rows - 1;
-    const int j_next = v2_next_block<Cfg>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+    const int j_next = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
     int tile = AC_TILE_FULL;
     if constexpr (Variant::kHasMask) tile = Variant::tile_class(b, h, q0, q_hi, kv0, kv_hi, p, buf);
     const bool need_mask = (tile != AC_TILE_FULL) || (kv_rows < BN);

@@ -37,6 +37,8 @@
 // BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT.
 #pragma once
 
+#include "attncompiler/ranges.cuh"
+
 namespace ac {
 
 struct V3Maps {
@@ -73,37 +75,6 @@ struct V3Layout {
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };
-
-// The K/V blocks [j_begin, j_end) that can hold a key visible from query rows [q_lo, q_hi].
-template <int BN>
-__device__ __forceinline__ void v3_block_range(int b, int h, int q_lo, int q_hi, const AttnParams& p,
-                                               const AttnBuffers& buf, int& j_begin, int& j_end) {
-  j_begin = 0;
-  j_end = (p.Nk + BN - 1) / BN;
-  if constexpr (Variant::kHasMask) {
-    int lo, hi;
-    Variant::kv_range(b, h, q_lo, q_hi, p, buf, lo, hi);
-    lo = max(lo, 0);
-    hi = min(hi, p.Nk - 1);
-    j_begin = lo / BN;
-    j_end = (lo > hi) ? 0 : hi / BN + 1;
-  }
-}
-
-// The first block j' >= j below j_end that tile_class does not prove EMPTY for rows [q_lo, q_hi].
-template <int BN>
-__device__ __forceinline__ int v3_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi, const AttnParams& p,
-                                             const AttnBuffers& buf) {
-  if constexpr (Variant::kHasMask) {
-    while (j < j_end) {
-      const int kv_lo = j * BN;
-      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
-      if (Variant::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
-      ++j;
-    }
-  }
-  return j;
-}
 
 // Per-thread state of one consumer warpgroup.
 template <class Cfg>
@@ -161,7 +132,7 @@ struct V3Consumer {
           const int kv_idx = kv0 + nt * 8 + 2 * t + e;
           float x = acc_s[4 * nt + 2 * hf + e];
           if constexpr (Variant::kHasScoreMod) {
-            x = Variant::score_mod(x * p.scale, b, h, q_idx, kv_idx, p, buf) * AC_LOG2E;
+            x = Variant::score_mod_log2(x, b, h, q_idx, kv_idx, p, buf);
           }
           if constexpr (kMasked) {
             bool visible = kv_idx < p.Nk;
@@ -329,8 +300,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         const int b = bh / p.H, h = bh % p.H, h_kv = h / (p.H / p.H_kv);
         const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
         int j_begin, j_end;
-        v3_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
-        j_begin = v3_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+        kv_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
+        j_begin = kv_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
         // The first tile's Q goes first; a later tile's Q goes after its K_0 (which only needs a ring
         // slot), so that K_0 is in flight while the previous tile's last S GEMMs finish and free Q.
         auto load_q = [&]() {
@@ -344,7 +315,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         int s_prev = 0, j_prev = -1;
         unsigned int phase_prev = 0;
         if (it == 0 || j_begin >= j_end) load_q();
-        for (int j = j_begin; j < j_end; j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
+        for (int j = j_begin; j < j_end; j = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
           if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
           const unsigned int sK = sKV0 + s * L::kStageBytes;
           mbar_arrive_expect_tx(full_k(s), L::kKBytes);
@@ -395,8 +366,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     const int b = bh / p.H, h = bh % p.H;
     const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
     int j_begin, j_end;
-    v3_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
-    j_begin = v3_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+    kv_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
+    j_begin = kv_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
     const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
     const int wq_hi = min(wq_lo + 63, p.Nq - 1);
     const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
@@ -441,7 +412,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         s = 0;
         phase ^= 1u;
       }
-      j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+      j = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
       while (j < j_end) {
         mbar_wait(full_k(s), phase);
         turn_wait();
@@ -469,7 +440,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           s = 0;
           phase ^= 1u;
         }
-        j = v3_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+        j = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
       }
       mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
       // The last block's P V.

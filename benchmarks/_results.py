@@ -1,0 +1,38 @@
+"""The set-up the benchmark scripts share (bench_forward.py, bench_backward.py, bench_decode.py): the
+device banner and the JSON-lines result log.  Imported as a sibling module (``from _results import ...``:
+the scripts run as ``PYTHONPATH=. python3 benchmarks/<script>.py``, which puts benchmarks/ on the path).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+
+def device_banner(extra: str = "") -> str:
+    """Print ``# <device>, torch <version><extra>`` and return the device name."""
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}, torch {torch.__version__}{extra}", flush=True)
+    return dev
+
+
+class Results:
+    """One run's records: each kept in ``rows``, appended as a JSON line to $OUT/<name>.jsonl (or
+    /tmp/<name>.jsonl; never truncated, so runs accumulate) and printed as it comes."""
+
+    def __init__(self, name: str) -> None:
+        self.path = os.path.join(os.environ.get("OUT", "/tmp"), f"{name}.jsonl")
+        self._file = open(self.path, "a")
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, **rec: Any) -> None:
+        self.rows.append(rec)
+        self.meta(**rec)
+        print(json.dumps(rec), flush=True)
+
+    def meta(self, **info: Any) -> None:
+        """A line for the file only (not a row, not printed): the device, a reference bandwidth."""
+        self._file.write(json.dumps(info) + "\n")
+        self._file.flush()

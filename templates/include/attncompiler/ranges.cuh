@@ -1,0 +1,50 @@
+// attncompiler/ranges.cuh -- which K/V blocks a query tile visits (v2 and v3 forward, the v2 dQ
+// kernel, split-KV decode).
+//
+// A CTA walks the BN-key blocks [j_begin, j_end) that meet Variant::kv_range of its query rows (the
+// K/V range derived from the mask, attncompiler/ir/ranges.py; sound, so every block outside it is
+// EMPTY), and inside that range skips the blocks the tile classifier proves EMPTY; block j holds
+// keys [j*BN, min(j*BN + BN, Nk) - 1]. Without a mask: every block, none skipped, and no hook is
+// called (compile-time branches). tests/test_ranges.py (kernel_blocks) replays this walk in Python.
+//
+// Requires (from the prelude): AttnParams, AttnBuffers, Variant; AC_TILE_EMPTY (common.cuh).
+#pragma once
+
+namespace ac {
+
+// The K/V blocks [j_begin, j_end) that can hold a key visible from query rows [q_lo, q_hi] of
+// (b, h). No visible key (kv_range empty within [0, Nk)): j_end = 0, the rows get O = 0, LSE = -inf.
+template <int BN>
+__device__ __forceinline__ void kv_block_range(int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                               const AttnBuffers& buf, int& j_begin, int& j_end) {
+  j_begin = 0;
+  j_end = (p.Nk + BN - 1) / BN;
+  if constexpr (Variant::kHasMask) {
+    int lo, hi;
+    Variant::kv_range(b, h, q_lo, q_hi, p, buf, lo, hi);
+    lo = max(lo, 0);
+    hi = min(hi, p.Nk - 1);
+    j_begin = lo / BN;
+    j_end = (lo > hi) ? 0 : hi / BN + 1;
+  }
+}
+
+// The first block j' >= j below j_end that Tiles::tile_class does not prove EMPTY (j_end: none).
+// Called on in-range blocks only, where the scan is short (window edges). Tiles: a class with a
+// static tile_class of Variant's signature, given (b, h, q_lo, q_hi) as they are -- Variant itself,
+// or decode's union over a CTA's heads (DecodeTiles, whose three ints are first head, row, rows).
+template <int BN, class Tiles = Variant>
+__device__ __forceinline__ int kv_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                             const AttnBuffers& buf) {
+  if constexpr (Variant::kHasMask) {
+    while (j < j_end) {
+      const int kv_lo = j * BN;
+      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
+      if (Tiles::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
+      ++j;
+    }
+  }
+  return j;
+}
+
+}  // namespace ac
