@@ -143,6 +143,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CUDA_INC = next((p for p in (os.environ.get("CUDA_HOME", "") + "/include", "/usr/local/cuda/include")
                  if Path(p, "cuda_fp16.h").exists()), None)
 PRELUDE = r"""
+#include <cmath>
 #include <cstdio>
 #include <algorithm>
 #define __device__

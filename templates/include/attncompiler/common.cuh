@@ -50,6 +50,7 @@ __device__ __forceinline__ float ac_tanhf(float x) {
   return y;
 }
 #else  // host builds of this header (the printer's g++ tests): the same values
+#include <math.h>
 inline float ac_i2f(int i) {
   const unsigned int u = 0x4B400000u + static_cast<unsigned int>(i);
   float f;
