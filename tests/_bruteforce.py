@@ -162,8 +162,10 @@ inline int ac_mod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (
 using std::min;
 using std::max;
 struct AttnParams { int Nq, Nk; };
-struct AttnBuffers { const int* doc; int doc_d0; };
 """
+#: PRELUDE without a struct AttnBuffers, for tests that declare their own buffers
+HOST_PRELUDE = PRELUDE
+PRELUDE += "struct AttnBuffers { const int* doc; int doc_d0; };\n"
 DEVICE_PRELUDE = ('#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n'
                   "struct AttnBuffers { const int* doc; int doc_d0; };\n")
 

@@ -9,9 +9,7 @@ The tile soundness property over random buffers lives in tests/test_bounds.py.
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,8 +29,8 @@ from attncompiler.runtime.params import buffer_fields, c_struct
 from attncompiler.simulate import TileSchedule, simulate, tile_classes
 from attncompiler.spec import presets
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
+from _bruteforce import GXX, HOST_PRELUDE, NVCC, ROOT, host_run  # shared with test_bounds.py
 
-ROOT = Path(__file__).resolve().parents[1]
 Q, KV = Q_IDX, KV_IDX
 DOC, D2, COL = sympy.IndexedBase("doc"), sympy.IndexedBase("d2"), sympy.IndexedBase("col")
 INFOS = (BufferInfo("doc", 1, "int"), BufferInfo("d2", 2, "int"), BufferInfo("col", 2, "int"))
@@ -149,30 +147,6 @@ CUDA_MASKS = [
     sympy.Eq(COL[Q, 1], COL[KV, 1]) | sympy.Eq(COL[Q, 0], COL[KV, 0] + 1),
     sympy.Eq(DOC[H], 1) | (Q >= KV),
 ]
-GXX, NVCC = shutil.which("g++"), shutil.which("nvcc")
-CUDA_INC = next((p for p in (os.environ.get("CUDA_HOME", "") + "/include", "/usr/local/cuda/include")
-                 if Path(p, "cuda_fp16.h").exists()), None)
-PRELUDE = r"""
-#include <cstdio>
-#include <cmath>
-#include <algorithm>
-#define __device__
-#define __forceinline__ inline
-#ifdef AC_REAL_COMMON
-#define AC_HOST_DEVICE
-#include "attncompiler/common.cuh"
-#else
-#define AC_TILE_EMPTY 0
-#define AC_TILE_PARTIAL 1
-#define AC_TILE_FULL 2
-inline int ac_clamp(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
-inline int ac_floordiv(int a, int b) { int q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-inline int ac_mod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-#endif
-using std::min;
-using std::max;
-struct AttnParams { int Nq, Nk; };
-"""
 
 
 def _sorted_ids(rng: random.Random, n: int) -> list[int]:
@@ -233,7 +207,7 @@ def test_cuda_reads_match_python(tmp_path: Path) -> None:
                   f" const AttnBuffers& buf) {{\n{c.to_cuda()}\n}}\n" for i, c in enumerate(classifiers))
     calls = "\n".join(f"      case {i}: r = tc{i}(b, h, ql, qh, kl, kh, p, kBufs[ds]); break;"
                       for i in range(len(classifiers)))
-    source = PRELUDE + _buffers_source(datasets) + fns + (
+    source = HOST_PRELUDE + _buffers_source(datasets) + fns + (
         "int main() {\n  int fn, ds, b, h, ql, qh, kl, kh, nq, nk;\n"
         "  while (std::scanf(\"%d %d %d %d %d %d %d %d %d %d\", &fn, &ds, &b, &h, &ql, &qh, &kl, &kh, &nq, &nk)"
         " == 10) {\n    const AttnParams p = {nq, nk};\n    int r = -1;\n    switch (fn) {\n" + calls +
@@ -248,16 +222,7 @@ def test_cuda_reads_match_python(tmp_path: Path) -> None:
             tq, tk = rng.choice([(0, 0), (15, 15), (63, 63), (127, 63), (rng.randrange(200), rng.randrange(200))])
             work.append((i, rng.randrange(len(datasets) + 1), rng.randrange(3), rng.randrange(4), ql, ql + tq,
                          kl, kl + tk, rng.randrange(1, 1300), rng.randrange(1, 1300)))
-    src, exe = tmp_path / "t.cpp", tmp_path / "t"
-    src.write_text(source)
-    cmd = [GXX, "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
-           "-I", str(ROOT / "templates/include"), str(src), "-o", str(exe)]
-    if CUDA_INC:
-        cmd[1:1] = ["-DAC_REAL_COMMON", "-isystem", CUDA_INC]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:]
-    out = subprocess.run([str(exe)], input="".join(" ".join(map(str, w)) + "\n" for w in work),
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = host_run(source, "".join(" ".join(map(str, w)) + "\n" for w in work), tmp_path).split()
     assert len(out) == len(work)
     values = [classifiers[0].buffer_values(ds) | classifiers[5].buffer_values(ds) | classifiers[6].buffer_values(ds)
               for ds in datasets] + [None]
