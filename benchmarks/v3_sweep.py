@@ -1,36 +1,59 @@
-"""Sweep v3 tile options (BLOCK_N, STAGES) at N = 16k, bf16, H*d = 2048; prints TFLOP/s per config.
+"""Sweep v3 plan options per variant at N = 16k, bf16, B = 1, H*d = 2048; prints TFLOP/s per config.
 
-    PYTHONPATH=. python3 benchmarks/v3_sweep.py "128:plain:128:2,128:causal:128:3:p,..."   (":p" = persistent)
+    PYTHONPATH=. python3 benchmarks/v3_sweep.py "128:plain,128:softcap:exp2_poly=4,64:causal:block_n=176:stages=2" [ROUNDS]
+
+Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
+alibi_causal, softcap, sliding_window, or a preset name), the options are plan_v3's (block_n, stages,
+persistent, exp2_poly; omitted ones take the planner's choice).  FLOPs count the visible pairs (causal:
+N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
+With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
+printed last (interleaving spreads clock and thermal drift over all configs: ratios between configs
+of one run are then comparable to a few percent).
 """
 from __future__ import annotations
 
 import sys
 
 import torch
+from bench_v3 import _spec
+
+
+def _visible_pairs(var: str, N: int) -> float:
+    if var in ("causal", "alibi_causal"):
+        return N * (N + 1) / 2
+    if var == "sliding_window":  # q - 1024 <= kv <= q (presets.sliding_window(1024))
+        return sum(min(i + 1, 1025) for i in range(N))
+    return float(N) * N
+
+
+def _value(v: str) -> object:
+    if v in ("true", "false"):
+        return v == "true"
+    return int(v)
 
 
 def main(argv: list[str]) -> int:
     from triton.testing import do_bench
 
     import attncompiler as ac
-    from attncompiler.spec import presets
 
     N = 16384
+    rounds = int(argv[1]) if len(argv) > 1 else 1
     print(f"# {torch.cuda.get_device_name()}", flush=True)
     sets_by_d: dict[int, list] = {}
-    for item in argv[0].split(","):
-        d, var, bn, st, *rest = item.split(":")
-        d, bn, st = int(d), int(bn), int(st)
-        pers = bool(rest and rest[0] == "p")
+    times: dict[str, list[float]] = {}
+    for item in argv[0].split(",") * rounds:
+        d_s, var, *opts = item.split(":")
+        d = int(d_s)
+        options = {k: _value(v) for k, v in (o.split("=") for o in opts)}
         H = 2048 // d
         if d not in sets_by_d:
             sets_by_d[d] = [tuple(torch.randn(1, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                             for _ in range(3)]
         sets = sets_by_d[d]
-        causal = var == "causal"
-        flops = 4 * H * d * (N * (N + 1) / 2 if causal else N * N)
+        flops = 4 * H * d * _visible_pairs(var, N)
         try:
-            kern = ac.compile(getattr(presets, var)(d), "v3", block_n=bn, stages=st, persistent=pers)
+            kern = ac.compile(_spec(var, d, H, N), "v3", **options)
             it = [0]
 
             def step(kern=kern):
@@ -39,10 +62,18 @@ def main(argv: list[str]) -> int:
                 return kern(q, k, v)
 
             ms = do_bench(step, warmup=50, rep=300, return_mode="median")
-            print(f"d={d} {var} BN={bn} stages={st}{' persistent' if pers else ''}: {flops / ms / 1e9:.1f} TFLOP/s "
-                  f"({ms:.3f} ms)", flush=True)
-        except Exception as e:
-            print(f"d={d} {var} BN={bn} stages={st}: ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+            times.setdefault(item, []).append(flops / ms / 1e9)
+            plan = kern.kernel_source.plan
+            print(f"d={d} {var} {options} -> BN={plan.block_n} stages={plan.stages} poly={plan.exp2_poly}"
+                  f"{' persistent' if plan.persistent else ''}: {flops / ms / 1e9:.1f} TFLOP/s ({ms:.3f} ms)",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001 - one failing config must not end the sweep
+            print(f"d={d} {var} {options}: ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+    if rounds > 1:
+        print(f"# median TFLOP/s over {rounds} interleaved rounds")
+        for item, ts in times.items():
+            ts = sorted(ts)
+            print(f"{item}: {ts[len(ts) // 2]:.1f} (min {ts[0]:.1f}, max {ts[-1]:.1f})", flush=True)
     return 0
 
 

@@ -178,3 +178,72 @@ def test_auto_is_v2_where_v3_cannot_tile(head_dim):
     assert kern.plan.reasons[0] == (f"schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0 and <= 256, got "
                                     f"head_dim={head_dim}, head_dim_v={head_dim}")
     assert (r := check_kernel(kern, 2, 3, 333)).ok, str(r)
+
+
+# ---------------------------------------------------------------- score_mod forms, polynomial exp2
+def _key_bias() -> torch.Tensor:
+    return torch.linspace(-2.0, 3.0, 4096)
+
+
+SCORE_FORMS = {
+    # separable, linear column term with a numeric slope (ALiBi-like without a buffer)
+    "linear_numeric": lambda s, b, h, q, kv: s - 0.03 * (q - kv),
+    # separable, linear column term per head, coefficient of the score != 1
+    "linear_head": lambda s, b, h, q, kv: 0.5 * s + (h + 1) * 0.01 * kv - 0.02 * q,
+    # separable, non-linear column term (a key bias read from a buffer)
+    "key_buffer": (lambda kb: lambda s, b, h, q, kv: s + kb[kv])(_key_bias()),
+    # separable, row term only (drops out of the softmax, stays in the LSE)
+    "row_only": lambda s, b, h, q, kv: s + 0.001 * q * q,
+    # a positive constant factor folded into exp2's multiply-add
+    "factor": lambda s, b, h, q, kv: 3.0 * torch.tanh(s / 3.0),
+    # not separable (q and kv in one term), negative factor: the generic hook
+    "generic": lambda s, b, h, q, kv: 2.0 * torch.tanh(s / 2.0) + 0.001 * q * kv / 4096,
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("form", sorted(SCORE_FORMS))
+def test_score_forms(form, causal):
+    """Every shape ir/scoreform.py finds (separable linear / non-linear / row-only, positive factor,
+    generic) matches the float64 reference, output and LSE (the separable kernels add the dropped row
+    term to the LSE)."""
+    spec = ac.AttentionSpec(head_dim=64, score_mod=SCORE_FORMS[form], causal=causal, name=form)
+    for n in (113, 1023):
+        kern = ac.compile(spec, "v3")
+        res = check_kernel(kern, B, H, n)
+        assert res.ok, f"{form} causal={causal} N={n}: {res}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("poly", [1, 4, 8])
+@pytest.mark.parametrize("name", ["plain", "causal", "softcap", "alibi_causal", "dropout"])
+def test_exp2_poly(name, poly):
+    """The FMA-pipe exponential (ac_exp2_poly) for 1/8, 1/2 and all of the softmax's exponentials."""
+    for head_dim, n in ((64, 1023), (128, 113), (256, 517)):
+        kern = ac.compile(spec_for(name, head_dim, "bf16", n), "v3", exp2_poly=poly)
+        assert kern.kernel_source.plan.exp2_poly == poly
+        res = check_kernel(kern, B, H, n)
+        assert res.ok, f"{name} d={head_dim} N={n} exp2_poly={poly}: {res}"
+
+
+@needs_hopper
+def test_exp2_poly_fully_masked_rows_and_nan():
+    """With every exponential on the polynomial (which gives 2^-126, not 0, for -inf) rows with no
+    visible key still give 0 and LSE -inf; a NaN key reaches exactly the rows that see it."""
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= 64) & (kv_idx <= q_idx)
+
+    kern = ac.compile(ac.AttentionSpec(head_dim=64, mask_mod=mask), "v3", exp2_poly=8)
+    q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = kern(q, k, v, return_lse=True)
+    assert not torch.isnan(out).any()
+    assert (out[:, :, :64] == 0).all()
+    assert torch.isinf(lse[:, :, :64]).all() and (lse[:, :, :64] < 0).all()
+    causal = ac.compile(presets.causal(64), "v3", exp2_poly=8)
+    clean = causal(q, k, v)
+    k[0, 1, 150, 3] = float("nan")
+    out = causal(q, k, v)
+    assert torch.equal(out[:, 0], clean[:, 0])
+    assert torch.equal(out[0, 1, :150], clean[0, 1, :150])
+    assert bool(torch.isnan(out[0, 1, 150:]).all()), "a row that sees the NaN key is not NaN"

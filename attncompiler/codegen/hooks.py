@@ -17,6 +17,7 @@ import sympy
 from ..ir.bounds import tile_classifier
 from ..ir.grad import GradError, score_grad_expr
 from ..ir.ranges import kv_range, q_range
+from ..ir.scoreform import DIST_KV, DIST_Q, Q_REF, ScoreForm, score_form
 from ..ir.types import AttentionIR
 from ..spec.symbols import SCORE
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
@@ -24,7 +25,7 @@ from .cuda_printer import (
     FAST_INDEX_LIMIT, SYMBOL_NAMES, CudaPrinter, PrinterError, _buffer_kinds, print_cuda, uses_fast_index,
 )
 
-__all__ = ["render_prelude", "fast_index_limit", "ELEM_TYPES"]
+__all__ = ["render_prelude", "fast_index_limit", "score_form_of", "ELEM_TYPES"]
 
 ELEM_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
 
@@ -45,16 +46,71 @@ _SCALE = sympy.Symbol("aa_scale", positive=True)  # p.scale; sorts (and prints) 
 _LOG2E = sympy.Float(1.4426950408889634)
 
 
-def _score_log2_expr(ir: AttentionIR) -> str:
+def _log2_printer(ir: AttentionIR) -> CudaPrinter:
+    names = SYMBOL_NAMES + ((_ACC, "s"), (_SCALE, "p.scale"), (Q_REF, "q_ref"), (DIST_KV, "ac_dkv"),
+                            (DIST_Q, "ac_dq"))
+    return CudaPrinter(names=names, float_symbols=frozenset({SCORE, _ACC, _SCALE}),
+                       buffers=_buffer_kinds(ir.buffers), fast=True)
+
+
+def _score_log2_sympy(ir: AttentionIR) -> sympy.Expr:
     """``log2(e) * score_mod(acc * p.scale)`` with the constant distributed over the top-level terms,
     so that the loop-invariant products (log2e * p.scale, log2e * slope[h]) are hoisted by the
     compiler and the per-element work is one multiply-add per term (C cannot reassociate this)."""
     expr = _LOG2E * ir.score_expr.subs(SCORE, _ACC * _SCALE)  # type: ignore[union-attr]
     if isinstance(expr, sympy.Mul) and any(isinstance(a, sympy.Add) for a in expr.args):
         expr = sympy.expand(expr, deep=False)
-    printer = CudaPrinter(names=SYMBOL_NAMES + ((_ACC, "s"), (_SCALE, "p.scale")),
-                          float_symbols=frozenset({SCORE, _ACC, _SCALE}), buffers=_buffer_kinds(ir.buffers), fast=True)
-    return printer.print(expr, "float")
+    return expr
+
+
+def _score_log2_expr(ir: AttentionIR) -> str:
+    return _log2_printer(ir).print(_score_log2_sympy(ir), "float")
+
+
+def score_form_of(ir: AttentionIR) -> ScoreForm:
+    """The factor / separable form (:mod:`attncompiler.ir.scoreform`) of the kernels' softmax input
+    ``log2(e) * score_mod(acc * p.scale)``; without a score_mod: ``acc * p.scale * log2(e)``."""
+    if ir.score_expr is None:
+        return ScoreForm(factor=sympy.Integer(1), inner=_ACC * _SCALE * _LOG2E)
+    return score_form(_score_log2_sympy(ir), _ACC)
+
+
+def _score_form_lines(ir: AttentionIR) -> list[str]:
+    """The hooks of :mod:`attncompiler.ir.scoreform`: the score_mod's positive factor and its
+    separable form (defaults that the kernels never take without a score_mod)."""
+    form = score_form_of(ir)
+    pr = _log2_printer(ir)
+    sep = form.separable
+    linear = sep and form.col_slope is not None
+    zero = "0.f"
+    coef = pr.print(form.coef, "float") if sep else zero
+    slope = pr.print(form.col_slope, "float") if linear else zero
+    col = pr.print(form.col, "float") if sep else zero
+    row = pr.print(form.row, "float") if sep else zero
+    dkv = "    const int ac_dkv = kv_idx - q_ref;\n" if linear else ""
+    dq = "    const int ac_dq = q_ref - q_idx;\n" if linear else ""
+    args = "int b, int h"
+    return [
+        "  // log2(e) * score_mod(s * p.scale) = kScoreLog2Factor * score_mod_log2_inner(...), kScoreLog2Factor > 0",
+        f"  static constexpr float kScoreLog2Factor = {pr.print(form.factor, 'float')};",
+        "  static __device__ __forceinline__ float score_mod_log2_inner(float s, int b, int h, int q_idx, int kv_idx,",
+        f"                                                               {_HOOK_ARGS}) {{",
+        f"    return {pr.print(form.inner, 'float')};",
+        "  }",
+        "  // separable: log2(e) * score_mod(s * p.scale) = coef * s + col(kv_idx, q_ref) + row(q_idx, q_ref) for any",
+        "  // reference row q_ref; the row term drops out of the softmax (the kernels add it to the LSE).",
+        "  // kScoreSepLinear: col = slope * (kv_idx - q_ref)",
+        f"  static constexpr bool kScoreSeparable = {_bool(sep)};",
+        f"  static constexpr bool kScoreSepLinear = {_bool(linear)};",
+        f"  static __device__ __forceinline__ float score_sep_coef({args}, {_HOOK_ARGS}) {{ return {coef}; }}",
+        f"  static __device__ __forceinline__ float score_sep_slope({args}, {_HOOK_ARGS}) {{ return {slope}; }}",
+        f"  static __device__ __forceinline__ float score_sep_col({args}, int kv_idx, int q_ref, {_HOOK_ARGS}) {{",
+        f"{dkv}    return {col};",
+        "  }",
+        f"  static __device__ __forceinline__ float score_sep_row({args}, int q_idx, int q_ref, {_HOOK_ARGS}) {{",
+        f"{dq}    return {row};",
+        "  }",
+    ]
 
 
 def fast_index_limit(ir: AttentionIR) -> int | None:
@@ -107,6 +163,9 @@ def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
         f"                                                         {_HOOK_ARGS}) {{",
         f"    return {_score_log2_expr(ir) if has_score else 's * p.scale * AC_LOG2E'};",
         "  }",
+    ]
+    lines += _score_form_lines(ir)
+    lines += [
         "  // mask_mod: true = the key is visible to the query",
         "  static __device__ __forceinline__ bool mask(int b, int h, int q_idx, int kv_idx, " + _HOOK_ARGS + ") {",
         f"    {mask_body}",

@@ -54,6 +54,7 @@ class V3Schedule:
             producer_regs=plan.producer_regs,
             consumer_regs=plan.consumer_regs,
             persistent=plan.persistent,
+            exp2_poly=plan.exp2_poly,
             smem_bytes=plan.smem_bytes,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target

@@ -27,8 +27,10 @@ from .targets import Target
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
     "CONSUMER_REGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_MASKED",
+    "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
-    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3",
+    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
+    "EXP2_POLY_DEFAULT",
 ]
 
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
@@ -50,9 +52,20 @@ PREFERRED_BLOCK_N = {64: 192, 128: 128, 192: 112, 256: 80}
 # BN=176 nothing, so such variants prefer this width when it is narrower.  Measured on an H100
 # (2026-11-21, N = 16k, d=64 causal): BN=176 437, BN=192 435, BN=160 414, BN=128 389 TFLOP/s.
 PREFERRED_BLOCK_N_MASKED = 176
+# A separable score_mod (ALiBi-like: coef * score + column term + row term, ir/scoreform.py) prefers these
+# widths (its column terms cost per tile column, its rows' terms nothing).  Measured on an H100 (2026-11-21,
+# N = 16k, bf16, medians of 3 interleaved rounds): ALiBi d=64 BN=176 412, BN=160 433 (plain 460);
+# d=128 BN=128 545, BN=144 580, BN=160 576 (plain 631) TFLOP/s.
+PREFERRED_BLOCK_N_SEPARABLE = {64: 160, 128: 144}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m / num_warps only at their fixed values)
-V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps")
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly")
+#: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
+#: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
+#: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
+#: d = 64 / 128 / 256 (softcap d=128: 4.14 ms at 0, 4.18 at 2/8, 4.43 at 4/8, 4.62 at 5/8), so MUFU
+#: throughput is not what bounds them; the option stays for the autotuner and for other GPUs.
+EXP2_POLY_DEFAULT = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,17 +76,20 @@ class V3Plan(Plan):
     consumer_regs: int
     persistent: bool = False
     sm_count: int = 132
+    exp2_poly: int = 0
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
-        return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent}
+        return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
+                "exp2_poly": self.exp2_poly}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
             f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
             f"{self.consumers} consumer warpgroups (wgmma, setmaxnreg {self.consumer_regs}); "
             f"{self.stages} K/V stages; {'persistent grid (one CTA per SM)' if self.persistent else 'one CTA per tile'}",
+            f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
 
@@ -90,15 +106,32 @@ def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
     return r
 
 
-def _preferred(d: int, dv: int, masked: bool) -> int:
+def _preferred(d: int, dv: int, masked: bool, separable: bool = False) -> int:
     m = max(d, dv)
+    if separable and m in PREFERRED_BLOCK_N_SEPARABLE:
+        return PREFERRED_BLOCK_N_SEPARABLE[m]
     pref = PREFERRED_BLOCK_N.get(m, 128 if m <= 128 else 80)
     return min(pref, PREFERRED_BLOCK_N_MASKED) if masked else pref
 
 
+def _why_preferred(d: int, dv: int, masked: bool, separable: bool) -> str:
+    if separable and max(d, dv) in PREFERRED_BLOCK_N_SEPARABLE:
+        return " for a separable score_mod (PREFERRED_BLOCK_N_SEPARABLE)"
+    return " with a mask, buffer, dropout or polynomial exponentials" if masked else ""
+
+
+def _separable_score_mod(ir_or_dims: Any) -> bool:
+    """Whether the IR's score_mod has the separable form (and no mask: masks keep their own widths)."""
+    if getattr(ir_or_dims, "score_expr", None) is None or getattr(ir_or_dims, "mask_expr", None) is not None:
+        return False
+    from ..codegen.hooks import score_form_of  # lazy: codegen imports the planner
+
+    return score_form_of(ir_or_dims).separable
+
+
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
-            persistent: bool | None = None) -> V3Plan:
+            persistent: bool | None = None, exp2_poly: int | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -119,13 +152,20 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         raise PlanError(f"v3 cannot tile {', '.join(bad)}: expected multiples of {cols} (one {SWIZZLE_BYTES}-byte "
                         f"swizzled TMA box is {cols} columns) and <= 256 (wgmma N, TMA box rows); use "
                         f"schedule='v2' for this head dim")
+    if exp2_poly is not None and (isinstance(exp2_poly, bool) or not isinstance(exp2_poly, int)
+                                  or not 0 <= exp2_poly <= 8):
+        raise PlanError(f"v3: expected exp2_poly an int in 0..8 (n8 tiles of every 8), got {exp2_poly!r}")
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
     # a mask, a score_mod reading a captured buffer or dropout (each spills at d=64 BN=192)
     masked = (getattr(ir_or_dims, "mask_expr", None) is not None or bool(getattr(ir_or_dims, "buffers", ()))
               or getattr(ir_or_dims, "dropout_p", 0.0) > 0.0)
-    pref = _preferred(d, dv, masked)
+    poly = exp2_poly if exp2_poly is not None else EXP2_POLY_DEFAULT
+    # the polynomial's temporaries need registers like a mask's: softcap d=64 BN=192 spills with EXP2_POLY 4
+    masked = masked or poly > 0
+    separable = _separable_score_mod(ir_or_dims)
+    pref = _preferred(d, dv, masked, separable)
     limit = t.max_smem_per_block_optin
     rejected: list[str] = []
     chosen = None
@@ -161,7 +201,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
-         f"{' with a mask, buffer or dropout' if masked else ''} that fits"),
+          f"{_why_preferred(d, dv, masked, separable)} that fits"),
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
         f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
@@ -176,6 +216,11 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
     ]
+    if exp2_poly is None:
+        reasons.append(f"EXP2_POLY = {poly}: every softmax exponential on MUFU ex2 (the FMA-pipe polynomial "
+                       f"did not pay on the H100: EXP2_POLY_DEFAULT)")
+    else:
+        reasons.append(f"EXP2_POLY = {poly} (forced): {poly}/8 of the softmax exponentials on the FMA pipes")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")
@@ -184,8 +229,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=CONSUMER_REGS,
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
-        consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count,
+        consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
     )
+
 
 
 def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: int = 4) -> list[dict[str, Any]]:

@@ -34,7 +34,8 @@
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
-// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT.
+// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
+// tiles of S, how many take their exponentials on the FMA pipes: 0..8).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -72,6 +73,7 @@ struct V3Layout {
   static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N: a multiple of 16 in [16, 256]");
   static_assert(BM == 64 * NC && (NC == 1 || NC == 2), "each consumer warpgroup owns 64 query rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "K/V stages");
+  static_assert(Cfg::EXP2_POLY >= 0 && Cfg::EXP2_POLY <= 8, "EXP2_POLY: polynomial exponentials per 8 n8 tiles");
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };
@@ -115,6 +117,30 @@ struct V3Consumer {
     reg_fence(acc_o);
   }
 
+  // The score_mod's separable form (Variant::kScoreSeparable, ir/scoreform.py): x = coef * s + col,
+  // col = slope * (kv - q_ref) (linear) or score_sep_col; q_ref = this warp's first row. Set per tile.
+  float sep_coef, sep_slope;
+
+  // One of this thread's exponentials: exp2(a * b - m), on MUFU or, for the first EXP2_POLY of every
+  // 8 n8 tiles, on the FMA pipes (mma.cuh, ac_exp2_poly).
+  template <int NT>
+  static __device__ __forceinline__ float exp2_sel(float a, float b, float m) {
+    if constexpr (NT % 8 < Cfg::EXP2_POLY) {
+      return ac_exp2_poly(fmaf(a, b, -m));
+    } else {
+      return fast_exp2(fmaf(a, b, -m));
+    }
+  }
+
+  template <int NT, int HF>
+  __device__ __forceinline__ void exp_pair(float exp_scale, float m_ref, float& sum) {
+    float* c = &acc_s[4 * NT + 2 * HF];
+    c[0] = exp2_sel<NT>(c[0], exp_scale, m_ref);
+    c[1] = exp2_sel<NT>(c[1], exp_scale, m_ref);
+    sum += c[0] + c[1];
+    if constexpr (NT + 1 < BN / 8) exp_pair<NT + 1, HF>(exp_scale, m_ref, sum);
+  }
+
   // score_mod, mask (kMasked), the online-softmax update of one S tile, then S <- exp2(S - m) in
   // place (summed into l; dropout comes in convert_p). alpha: the rescale of the previous O and l.
   template <bool kMasked>
@@ -122,17 +148,30 @@ struct V3Consumer {
                                           const AttnBuffers& buf, float (&alpha)[2]) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
+    constexpr bool kSep = Variant::kHasScoreMod && Variant::kScoreSeparable;
+    // column term of this thread's first column (kv0 + 2t); the others add slope * (8 nt + e)
+    const float col0 = kSep && Variant::kScoreSepLinear ? sep_slope * __int2float_rn(kv0 + 2 * t - row0) : 0.f;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int q_idx = row0 + g + 8 * hf;
+    for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
+      for (int e = 0; e < 2; ++e) {
+        const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+        float col = 0.f;
+        if constexpr (kSep) {
+          if constexpr (Variant::kScoreSepLinear) {
+            col = fmaf(sep_slope, float(nt * 8 + e), col0);
+          } else {
+            col = Variant::score_sep_col(b, h, kv_idx, row0, p, buf);
+          }
+        }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int q_idx = row0 + g + 8 * hf;
           float x = acc_s[4 * nt + 2 * hf + e];
-          if constexpr (Variant::kHasScoreMod) {
-            x = Variant::score_mod_log2(x, b, h, q_idx, kv_idx, p, buf);
+          if constexpr (kSep) {
+            x = fmaf(x, sep_coef, col);
+          } else if constexpr (Variant::kHasScoreMod) {
+            x = Variant::score_mod_log2_inner(x, b, h, q_idx, kv_idx, p, buf);
           }
           if constexpr (kMasked) {
             bool visible = kv_idx < p.Nk;
@@ -142,6 +181,9 @@ struct V3Consumer {
           acc_s[4 * nt + 2 * hf + e] = x;
         }
       }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
       float mx[BN / 8];
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) mx[nt] = fmaxf(acc_s[4 * nt + 2 * hf], acc_s[4 * nt + 2 * hf + 1]);
@@ -160,12 +202,10 @@ struct V3Consumer {
       alpha[hf] = fast_exp2(m_old - m_ref);
       row_max[hf] = m_new;
       float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        float* c = &acc_s[4 * nt + 2 * hf];
-        c[0] = fast_exp2(fmaf(c[0], exp_scale, -m_ref));
-        c[1] = fast_exp2(fmaf(c[1], exp_scale, -m_ref));
-        sum += c[0] + c[1];
+      if (hf == 0) {
+        exp_pair<0, 0>(exp_scale, m_ref, sum);
+      } else {
+        exp_pair<0, 1>(exp_scale, m_ref, sum);
       }
       row_sum[hf] = row_sum[hf] * alpha[hf] + sum;
     }
@@ -343,7 +383,10 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const int warp_wg = warp & 3;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
+  // exp2's multiplier of the softmax input: log2e * scale (plain), the score_mod's positive factor, or
+  // 1 (separable: x = coef * s + col already is log2e * score_mod up to the row term)
+  const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
+                          : (Variant::kScoreSeparable ? 1.f : Variant::kScoreLog2Factor);
   constexpr bool kPingPong = (NC == 2);
   // Ping-pong: before each of its turns (one GEMM issue) warpgroup w waits on bar[w]; after it,
   // it grants the other one's turn. Warpgroup 1 grants warpgroup 0's first turn at the start, and
@@ -376,6 +419,10 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
     st.row_max[0] = st.row_max[1] = AC_NEG_INF;
     st.row_sum[0] = st.row_sum[1] = 0.f;
+    if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
+      st.sep_coef = Variant::score_sep_coef(b, h, p, buf);
+      st.sep_slope = Variant::score_sep_slope(b, h, p, buf);
+    }
 
     // Whether block j needs the masked softmax for this warpgroup's rows.
     auto needs_mask = [&](int j) -> bool {
@@ -467,7 +514,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       float l = st.row_sum[hf];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = (l > 0.f) ? 1.f / l : 0.f;
+      // (a row with no visible key has m = -inf; its l may hold ac_exp2_poly's 2^-126 terms)
+      const bool seen = l > 0.f && st.row_max[hf] != AC_NEG_INF;
+      const float inv = seen ? 1.f / l : 0.f;
       const int r = row0 + g + 8 * hf;
       if (r < p.Nq) {
         ac_elem_t* orow = gO + (long long)r * p.o_sn;
@@ -477,8 +526,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
               Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv, st.acc_o[4 * nt + 2 * hf + 1] * inv);
         }
         if (p.lse != nullptr && t == 0) {
-          const float m = st.row_max[hf];
-          p.lse[(long long)bh * p.Nq + r] = (l > 0.f && m != AC_NEG_INF) ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+          float m = st.row_max[hf];
+          if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
+            m += Variant::score_sep_row(b, h, r, row0, p, buf);  // the row term the softmax dropped
+          }
+          p.lse[(long long)bh * p.Nq + r] = seen ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
         }
       }
     }

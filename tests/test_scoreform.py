@@ -1,0 +1,106 @@
+"""ir/scoreform.py: the positive-factor and separable shapes of log2(e) * score_mod(acc * scale), and the
+hooks printed from them (CPU)."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import sympy
+import torch
+
+import attncompiler as ac
+from attncompiler.codegen import hooks
+from attncompiler.ir.build import build_ir
+from attncompiler.ir.scoreform import DIST_KV, DIST_Q, Q_REF, score_form
+from attncompiler.spec import presets
+from attncompiler.spec.symbols import B, H, KV_IDX, Q_IDX
+
+SLOPES = presets.alibi_slopes(4)
+KEY_BIAS = torch.linspace(-1.0, 1.0, 64)
+
+MODS = {
+    "alibi": (presets.alibi_score_mod(SLOPES), "linear"),
+    "linear_numeric": (lambda s, b, h, q, kv: s - 0.03 * (q - kv), "linear"),
+    "linear_head": (lambda s, b, h, q, kv: 0.5 * s + (h + 1) * 0.01 * kv - 0.02 * q, "linear"),
+    "key_buffer": (lambda s, b, h, q, kv: s + KEY_BIAS[kv], "separable"),
+    "key_square": (lambda s, b, h, q, kv: s + 0.001 * kv * kv, "separable"),
+    "row_only": (lambda s, b, h, q, kv: s + 0.001 * q * q, "separable"),
+    "softcap": (presets.softcap_score_mod(30.0), "factor"),
+    "relative_bias": (presets.relative_bias_score_mod(torch.randn(4, 9)), "generic"),
+    "q_times_kv": (lambda s, b, h, q, kv: s + 1e-6 * q * kv, "generic"),
+    "plain_scale": (lambda s, b, h, q, kv: 2.0 * s, "factor"),
+}
+
+
+def _form(name):
+    fn, _ = MODS[name]
+    spec = ac.AttentionSpec(head_dim=64, score_mod=fn, name=name)
+    ir = build_ir(spec)
+    expr = hooks._score_log2_sympy(ir)
+    return spec.trace().buffer_values, expr, score_form(expr, hooks._ACC)
+
+
+def _numeric(expr, tensors, vals):
+    """expr at the given symbol values, buffer reads evaluated from the captured tensors."""
+
+    def read(e):
+        if isinstance(e, sympy.Indexed):
+            idx = tuple(int(read(i)) for i in e.indices)
+            return sympy.Float(float(tensors[str(e.base)][idx]))
+        if e.args:
+            return e.func(*[read(a) for a in e.args])
+        return e
+    return float(read(expr.subs(vals)).evalf())
+
+
+@pytest.mark.parametrize("name", sorted(MODS))
+def test_shape(name):
+    _, _, form = _form(name)
+    kind = MODS[name][1]
+    assert form.separable == (kind in ("linear", "separable"))
+    assert (form.col_slope is not None) == (kind == "linear")
+    assert (form.factor != 1) == (kind == "factor")
+    if kind == "factor":
+        assert form.factor.is_positive
+
+
+@pytest.mark.parametrize("name", sorted(MODS))
+def test_forms_equal_the_expression(name):
+    """factor * inner == E, and for separable forms coef * acc + col + row == E for any q_ref, at random
+    points (the identity the kernels rely on)."""
+    tensors, expr, form = _form(name)
+    rng = random.Random(hash(name) % 1000)
+    for _ in range(20):
+        vals = {hooks._ACC: rng.uniform(-20, 20), hooks._SCALE: rng.uniform(0.05, 0.5), B: rng.randrange(2),
+                H: rng.randrange(4), Q_IDX: rng.randrange(64), KV_IDX: rng.randrange(64)}
+        want = _numeric(expr, tensors, vals)
+        assert math.isclose(_numeric(form.factor * form.inner, tensors, vals), want, rel_tol=1e-9, abs_tol=1e-9)
+        if form.separable:
+            qref = rng.randrange(64)
+            v2 = dict(vals)
+            v2.update({Q_REF: qref, DIST_KV: vals[KV_IDX] - qref, DIST_Q: qref - vals[Q_IDX]})
+            got = _numeric(form.coef * hooks._ACC + form.col + form.row, tensors, v2)
+            assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-7), (got, want)
+
+
+def test_alibi_hooks_use_integer_distances():
+    """ALiBi's column and row terms are slope * (kv - q_ref) and slope * (q_ref - q), each distance formed
+    in integers (no large cancelling float magnitudes)."""
+    text = hooks.render_prelude(build_ir(presets.alibi(SLOPES, 64)))
+    assert "kScoreSeparable = true" in text and "kScoreSepLinear = true" in text
+    assert "const int ac_dkv = kv_idx - q_ref;" in text and "const int ac_dq = q_ref - q_idx;" in text
+    assert "score_sep_coef(int b, int h, const AttnParams& p, const AttnBuffers& buf) { return 1.442695f * p.scale; }" \
+        in text
+
+
+def test_softcap_factor_hook():
+    text = hooks.render_prelude(build_ir(presets.softcap(30.0, 64)))
+    assert "kScoreLog2Factor = 43.28085f" in text
+    assert "return ac_tanhf(0.033333335f * p.scale * s);" in text
+    assert "kScoreSeparable = false" in text
+
+
+def test_no_score_mod_defaults():
+    text = hooks.render_prelude(build_ir(presets.causal(64)))
+    assert "kScoreLog2Factor = 1.0f" in text and "kScoreSeparable = false" in text
