@@ -279,13 +279,7 @@ class CompiledAttention:
 
         if not decode_applies(self.ir, dims.Nq, dims.Nk)[0]:
             return None
-        with self._lock:
-            dec = self._decode
-        if dec is None:
-            dec = compile(self.spec, "decode", target=self.target, build=False)
-            with self._lock:
-                self._decode = dec = self._decode or dec
-        return dec
+        return self._sibling("_decode", "decode")
 
     def _tma_fallback(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> "CompiledAttention | None":
         """Under ``schedule="auto"``, the v2 kernel of this spec for a v3 kernel's call whose q / k / v
@@ -296,13 +290,19 @@ class CompiledAttention:
 
         if all(tma_layout_error(n, t) is None for n, t in (("q", q), ("k", k), ("v", v))):
             return None
+        return self._sibling("_v2", "v2")
+
+    def _sibling(self, attr: str, schedule: str) -> "CompiledAttention":
+        """This spec's kernel for ``schedule`` (unbuilt), compiled on first use and cached in ``attr``;
+        a kernel another thread cached first wins."""
         with self._lock:
-            alt = self._v2
-        if alt is None:
-            alt = compile(self.spec, "v2", target=self.target, build=False)
+            sib = getattr(self, attr)
+        if sib is None:
+            sib = compile(self.spec, schedule, target=self.target, build=False)
             with self._lock:
-                self._v2 = alt = self._v2 or alt
-        return alt
+                sib = getattr(self, attr) or sib
+                setattr(self, attr, sib)
+        return sib
 
     def backward_source(self, deterministic: bool = False) -> str:
         """The CUDA of the backward kernels (always the v2 backward, whatever the forward schedule)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +182,22 @@ def host_run(source: str, stdin: str, tmp: Path, extra_flags: tuple[str, ...] = 
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:] + "\n" + source[-4000:]
     return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout
+
+
+def cuda_classes_match_python(source: str, work: Sequence[tuple[int, ...]], tmp: Path, masks: Sequence[object],
+                              python: Callable[[tuple[int, ...]], int]) -> list[int]:
+    """Run ``source`` (:func:`host_run`; it prints one tile class per input line) on ``work``, one line
+    per tuple of ints whose first is the index into ``masks``, and assert that every class it prints
+    equals ``python(w)``, the classifier's verdict in Python.  Returns the printed classes, in order."""
+    out = host_run(source, "".join(" ".join(map(str, w)) + "\n" for w in work), tmp).split()
+    assert len(out) == len(work)
+    bad = []
+    for w, got in zip(work, out):
+        want = python(w)
+        if int(got) != want:
+            bad.append(f"{masks[w[0]]} {w}: cuda {got} python {want}")
+    assert not bad, "\n".join(bad[:20])
+    return [int(g) for g in out]
 
 
 def nvcc_compile(source: str, tmp: Path) -> None:

@@ -24,8 +24,8 @@ from attncompiler.spec.symbols import B, H, KV_LEN, Q_LEN
 
 from _bruteforce import (  # shared with test_ranges.py
     DOC_BUF, GXX, KV, NVCC, PRELUDE, Q, M, batch_window, bottom_right, capped, causal, chunked, chunked_causal,
-    combined, diag_mod, document, float_mask, half, head_causal, head_shift, host_run, nvcc_compile, prefix,
-    rational, sliding, sliding_br, small, striped, sym_window,
+    combined, cuda_classes_match_python, diag_mod, document, float_mask, half, head_causal, head_shift,
+    nvcc_compile, prefix, rational, sliding, sliding_br, small, striped, sym_window,
 )
 
 DOC = [(i * 7) // 45 for i in range(1000)]  # the first 1000 of document()'s ids, as buffer values
@@ -222,16 +222,13 @@ def test_cuda_emission_matches_python(tmp_path: Path) -> None:
             tq, tk = rng.choice([(0, 0), (15, 15), (63, 63), (127, 63), (rng.randrange(50), rng.randrange(50))])
             nq, nk = rng.randrange(0, span + 300), rng.randrange(0, span + 300)  # 0: outside the guard
             work.append((i, rng.randrange(3), rng.randrange(4), ql, ql + tq, kl, kl + tk, nq, nk))
-    out = host_run(source, "".join(" ".join(map(str, w)) + "\n" for w in work), tmp_path).split()
-    assert len(out) == len(work)
-    bad = []
-    for w, got in zip(work, out):
+
+    def python(w: tuple[int, ...]) -> int:
         i, b, h, ql, qh, kl, kh, nq, nk = w
-        want = classifiers[i].classify(ql, qh, kl, kh, b=b, h=h, q_len=nq, kv_len=nk)
-        if int(got) != want:
-            bad.append(f"{CUDA_MASKS[i]} {w}: cuda {got} python {want}")
-    assert not bad, "\n".join(bad[:20])
-    seen = {int(g) for g in out}
+        return classifiers[i].classify(ql, qh, kl, kh, b=b, h=h, q_len=nq, kv_len=nk)
+
+    out = cuda_classes_match_python(source, work, tmp_path, CUDA_MASKS, python)
+    seen = set(out)
     assert seen == {TILE_EMPTY, TILE_PARTIAL, TILE_FULL}
 
 

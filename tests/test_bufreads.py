@@ -29,7 +29,9 @@ from attncompiler.runtime.params import buffer_fields, c_struct
 from attncompiler.simulate import TileSchedule, simulate, tile_classes
 from attncompiler.spec import presets
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
-from _bruteforce import GXX, HOST_PRELUDE, NVCC, ROOT, host_run  # shared with test_bounds.py
+from _bruteforce import (  # shared with test_bounds.py
+    GXX, HOST_PRELUDE, NVCC, ROOT, cuda_classes_match_python,
+)
 
 Q, KV = Q_IDX, KV_IDX
 DOC, D2, COL = sympy.IndexedBase("doc"), sympy.IndexedBase("d2"), sympy.IndexedBase("col")
@@ -222,18 +224,15 @@ def test_cuda_reads_match_python(tmp_path: Path) -> None:
             tq, tk = rng.choice([(0, 0), (15, 15), (63, 63), (127, 63), (rng.randrange(200), rng.randrange(200))])
             work.append((i, rng.randrange(len(datasets) + 1), rng.randrange(3), rng.randrange(4), ql, ql + tq,
                          kl, kl + tk, rng.randrange(1, 1300), rng.randrange(1, 1300)))
-    out = host_run(source, "".join(" ".join(map(str, w)) + "\n" for w in work), tmp_path).split()
-    assert len(out) == len(work)
     values = [classifiers[0].buffer_values(ds) | classifiers[5].buffer_values(ds) | classifiers[6].buffer_values(ds)
               for ds in datasets] + [None]
-    bad, seen = [], set()
-    for w, got in zip(work, out):
+
+    def python(w: tuple[int, ...]) -> int:
         i, ds, b, h, ql, qh, kl, kh, nq, nk = w
-        want = classifiers[i].classify(ql, qh, kl, kh, b=b, h=h, q_len=nq, kv_len=nk, buffers=values[ds])
-        seen.add((ds, int(got)))
-        if int(got) != want:
-            bad.append(f"{CUDA_MASKS[i]} {w}: cuda {got} python {want}")
-    assert not bad, "\n".join(bad[:20])
+        return classifiers[i].classify(ql, qh, kl, kh, b=b, h=h, q_len=nq, kv_len=nk, buffers=values[ds])
+
+    out = cuda_classes_match_python(source, work, tmp_path, CUDA_MASKS, python)
+    seen = {(w[1], c) for w, c in zip(work, out)}
     assert {c for ds, c in seen if ds == 0} == {TILE_EMPTY, TILE_PARTIAL, TILE_FULL}
 
 
