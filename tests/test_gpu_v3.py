@@ -228,25 +228,6 @@ def test_exp2_poly(name, poly):
 
 
 @needs_hopper
-@pytest.mark.parametrize("raw_max", [True, False])
-@pytest.mark.parametrize("name", ["softcap", "factor_causal", "factor_window"])
-def test_monotone_score_mod_raw_max(name, raw_max):
-    """A monotone score_mod (softcap) with the row max from the raw scores (the default) and after the
-    score_mod, unmasked and with masks (masked scores must stay -inf through the score_mod)."""
-    mask = {"factor_causal": None, "factor_window": presets.sliding_window_mask(100)}.get(name)
-    for head_dim, n in ((64, 1023), (128, 113), (256, 517)):
-        if name == "softcap":
-            spec = spec_for("softcap", head_dim, "bf16", n)
-        else:
-            spec = ac.AttentionSpec(head_dim=head_dim, score_mod=SCORE_FORMS["factor"], mask_mod=mask,
-                                    causal=name == "factor_causal", name=name)
-        kern = ac.compile(spec, "v3", raw_max=raw_max)
-        assert kern.kernel_source.plan.raw_max == raw_max
-        res = check_kernel(kern, B, H, n)
-        assert res.ok, f"{name} d={head_dim} N={n} raw_max={raw_max}: {res}"
-
-
-@needs_hopper
 def test_exp2_poly_fully_masked_rows_and_nan():
     """With every exponential on the polynomial (which gives 2^-126, not 0, for -inf) rows with no
     visible key still give 0 and LSE -inf; a NaN key reaches exactly the rows that see it."""

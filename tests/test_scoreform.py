@@ -63,8 +63,6 @@ def test_shape(name):
     assert (form.factor != 1) == (kind == "factor")
     if kind == "factor":
         assert form.factor.is_positive
-    # monotone (max commutes with the score_mod): softcap's tanh(c * s), not a bare scale nor biases
-    assert form.monotone == (name == "softcap")
 
 
 @pytest.mark.parametrize("name", sorted(MODS))
@@ -101,7 +99,6 @@ def test_softcap_factor_hook():
     assert "kScoreLog2Factor = 43.28085f" in text
     assert "return ac_tanhf(0.033333335f * p.scale * s);" in text
     assert "kScoreSeparable = false" in text
-    assert "kScoreMonotone = true" in text
 
 
 def test_no_score_mod_defaults():

@@ -93,8 +93,6 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
     return [
         "  // log2(e) * score_mod(s * p.scale) = kScoreLog2Factor * score_mod_log2_inner(...), kScoreLog2Factor > 0",
         f"  static constexpr float kScoreLog2Factor = {pr.print(form.factor, 'float')};",
-        "  // monotone: score_mod_log2_inner is an increasing function of s alone (max commutes with it)",
-        f"  static constexpr bool kScoreMonotone = {_bool(form.monotone)};",
         "  static __device__ __forceinline__ float score_mod_log2_inner(float s, int b, int h, int q_idx, int kv_idx,",
         f"                                                               {_HOOK_ARGS}) {{",
         f"    return {pr.print(form.inner, 'float')};",

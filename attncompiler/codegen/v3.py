@@ -55,7 +55,6 @@ class V3Schedule:
             consumer_regs=plan.consumer_regs,
             persistent=plan.persistent,
             exp2_poly=plan.exp2_poly,
-            raw_max=plan.raw_max,
             smem_bytes=plan.smem_bytes,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target

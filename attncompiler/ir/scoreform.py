@@ -7,9 +7,6 @@ The forward kernels feed the online softmax with ``E = log2(e) * score_mod(acc *
   ``K = cap * log2 e``, ``F = tanh(acc * scale / cap)``): the row maximum of ``E`` is ``K`` times
   the row maximum of ``F`` and ``exp2(E - m) = exp2(K * F - m)`` is one fused multiply-add, so the
   kernel keeps ``F`` and folds ``K`` into the exponent's multiply-add (one multiply less per score);
-  when ``F`` is an increasing function of ``c * acc`` (``c > 0``: softcap's tanh) it is *monotone*:
-  the row maximum of ``F`` is ``F`` of the raw row maximum, so the kernel can reduce the raw scores
-  while the per-score ``F`` runs;
 * **separable**, ``E = a * acc + C(kv) + R(q)`` with ``a`` free of the positions, ``C`` a function
   of the key position (and batch, head, buffers) and ``R`` of the query position (ALiBi:
   ``a = scale log2 e``, ``C = log2 e slope[h] kv``, ``R = -log2 e slope[h] q``).  Softmax is
@@ -56,7 +53,6 @@ class ScoreForm:
     col: sympy.Expr | None = None
     col_slope: sympy.Expr | None = None
     row: sympy.Expr | None = None
-    monotone: bool = False  # inner = F(c * acc), F increasing, c > 0: max inner(s) = inner(max s)
 
 
 def _positive_factor(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
@@ -66,23 +62,10 @@ def _positive_factor(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
     return sympy.Integer(1), expr
 
 
-#: increasing functions of one argument
-_INCREASING = (sympy.tanh, sympy.atan, sympy.asinh, sympy.sinh, sympy.erf, sympy.exp)
-
-
-def _monotone(inner: sympy.Expr, acc: sympy.Symbol) -> bool:
-    """``inner = F(c * acc)`` with F increasing and ``c > 0`` free of the positions and buffers."""
-    if not isinstance(inner, _INCREASING) or len(inner.args) != 1:
-        return False
-    c = sympy.simplify(inner.args[0] / acc)
-    return acc not in c.free_symbols and not c.atoms(sympy.Indexed) and bool(c.is_positive) and not (
-        c.free_symbols & {Q_IDX, KV_IDX})
-
-
 def score_form(expr: sympy.Expr, acc: sympy.Symbol) -> ScoreForm:
     """The factor / separable shape of ``expr`` (``log2 e * score_mod(acc * scale)``) in ``acc``."""
     factor, inner = _positive_factor(expr)
-    generic = ScoreForm(factor=factor, inner=inner, monotone=_monotone(inner, acc))
+    generic = ScoreForm(factor=factor, inner=inner)
     if factor != 1:
         return generic  # a separable E has no overall numeric factor worth folding (its terms carry it)
     coef = sympy.Integer(0)

@@ -59,7 +59,7 @@ PREFERRED_BLOCK_N_MASKED = 176
 PREFERRED_BLOCK_N_SEPARABLE = {64: 160, 128: 144}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m / num_warps only at their fixed values)
-V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "raw_max")
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly")
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -77,21 +77,19 @@ class V3Plan(Plan):
     persistent: bool = False
     sm_count: int = 132
     exp2_poly: int = 0
-    raw_max: bool = True
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
-                "exp2_poly": self.exp2_poly, "raw_max": self.raw_max}
+                "exp2_poly": self.exp2_poly}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
             f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
             f"{self.consumers} consumer warpgroups (wgmma, setmaxnreg {self.consumer_regs}); "
             f"{self.stages} K/V stages; {'persistent grid (one CTA per SM)' if self.persistent else 'one CTA per tile'}",
-            f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU; "
-            f"monotone score_mods: row max {'from the raw scores' if self.raw_max else 'after the score_mod'}",
+            f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
 
@@ -133,7 +131,7 @@ def _separable_score_mod(ir_or_dims: Any) -> bool:
 
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
-            persistent: bool | None = None, exp2_poly: int | None = None, raw_max: bool = True) -> V3Plan:
+            persistent: bool | None = None, exp2_poly: int | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -157,8 +155,6 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if exp2_poly is not None and (isinstance(exp2_poly, bool) or not isinstance(exp2_poly, int)
                                   or not 0 <= exp2_poly <= 8):
         raise PlanError(f"v3: expected exp2_poly an int in 0..8 (n8 tiles of every 8), got {exp2_poly!r}")
-    if not isinstance(raw_max, bool):
-        raise PlanError(f"v3: expected raw_max a bool, got {raw_max!r}")
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
@@ -234,7 +230,6 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=CONSUMER_REGS,
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
-        raw_max=raw_max,
     )
 
 

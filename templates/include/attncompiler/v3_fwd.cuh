@@ -35,8 +35,7 @@
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
 // BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
-// tiles of S, how many take their exponentials on the FMA pipes: 0..8), RAW_MAX (a monotone
-// score_mod's row max from the raw scores).
+// tiles of S, how many take their exponentials on the FMA pipes: 0..8).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -150,10 +149,6 @@ struct V3Consumer {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
     constexpr bool kSep = Variant::kHasScoreMod && Variant::kScoreSeparable;
-    // monotone score_mod (softcap): the row max is taken over the raw scores and mapped once per row,
-    // max_j inner(s_j) = inner(max_j s_j), so the per-score score_mod runs beside the max reduction
-    // instead of before it; masked scores stay -inf through the score_mod (inner(-inf) is finite)
-    constexpr bool kRawMax = Variant::kHasScoreMod && Variant::kScoreMonotone && Cfg::RAW_MAX;
     // column term of this thread's first column (kv0 + 2t); the others add slope * (8 nt + e)
     const float col0 = kSep && Variant::kScoreSepLinear ? sep_slope * __int2float_rn(kv0 + 2 * t - row0) : 0.f;
 #pragma unroll
@@ -175,7 +170,7 @@ struct V3Consumer {
           float x = acc_s[4 * nt + 2 * hf + e];
           if constexpr (kSep) {
             x = fmaf(x, sep_coef, col);
-          } else if constexpr (Variant::kHasScoreMod && !kRawMax) {
+          } else if constexpr (Variant::kHasScoreMod) {
             x = Variant::score_mod_log2_inner(x, b, h, q_idx, kv_idx, p, buf);
           }
           if constexpr (kMasked) {
@@ -200,20 +195,6 @@ struct V3Consumer {
       float m = mx[0];
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      if constexpr (kRawMax) {
-        // the scores themselves: the mapped max, then the score_mod of every score (masked: -inf)
-        const int q_idx = row0 + g + 8 * hf;
-        m = (m == AC_NEG_INF) ? AC_NEG_INF : Variant::score_mod_log2_inner(m, b, h, q_idx, kv0, p, buf);
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& c = acc_s[4 * nt + 2 * hf + e];
-            const float x = Variant::score_mod_log2_inner(c, b, h, q_idx, kv0 + nt * 8 + 2 * t + e, p, buf);
-            c = (kMasked && c == AC_NEG_INF) ? AC_NEG_INF : x;
-          }
-        }
-      }
       const float m_old = row_max[hf];
       const float m_new = fmaxf(m_old, m * exp_scale);
       // A row with no visible key so far keeps m = -inf; 0 as the reference keeps exp2 NaN-free.
