@@ -1,11 +1,9 @@
 """The user-facing API: ``compile(spec)`` -> a callable kernel, and the functional ``attention``."""
 from __future__ import annotations
 
-import ctypes
 import math
 import numbers
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 

@@ -41,7 +41,6 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Union
 
 import sympy
@@ -50,6 +49,8 @@ from sympy.logic.boolalg import BooleanAtom, BooleanFalse, BooleanFunction, Bool
 
 from attncompiler.codegen.cuda_printer import CudaPrinter, PrinterError, int_division_parts
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
+
+from .intervals import Env, Interval, _abs_iv, _compile, _mul_iv, _pow_iv
 
 __all__ = [
     "TILE_EMPTY", "TILE_PARTIAL", "TILE_FULL", "INDEX_LIMIT",
@@ -72,7 +73,6 @@ Q_HI = sympy.Symbol("q_hi", integer=True, nonnegative=True)
 KV_LO = sympy.Symbol("kv_lo", integer=True, nonnegative=True)
 KV_HI = sympy.Symbol("kv_hi", integer=True, nonnegative=True)
 
-Interval = tuple[sympy.Expr, sympy.Expr]
 
 _PRINTER = CudaPrinter().with_names({Q_LO: "q_lo", Q_HI: "q_hi", KV_LO: "kv_lo", KV_HI: "kv_hi"})
 _INPUTS = (Q_LO, Q_HI, KV_LO, KV_HI, B, H, Q_LEN, KV_LEN)
@@ -216,46 +216,6 @@ def _is_bool(e: Any) -> bool:
     return isinstance(e, (bool, Relational, BooleanAtom, BooleanFunction))
 
 
-def _scale_iv(c: sympy.Expr, iv: Interval) -> Interval:
-    lo, hi = c * iv[0], c * iv[1]
-    if c.is_nonnegative:
-        return lo, hi
-    if c.is_nonpositive:
-        return hi, lo
-    return sympy.Min(lo, hi), sympy.Max(lo, hi)
-
-
-def _mul_iv(x: Interval, y: Interval) -> Interval:
-    if x[0] == x[1]:
-        return _scale_iv(x[0], y)
-    if y[0] == y[1]:
-        return _scale_iv(y[0], x)
-    if x[0].is_nonnegative and y[0].is_nonnegative:
-        return x[0] * y[0], x[1] * y[1]
-    corners = [a * b for a in x for b in y]
-    return sympy.Min(*corners), sympy.Max(*corners)
-
-
-def _abs_iv(iv: Interval | None) -> Interval | None:
-    if iv is None:
-        return None
-    lo, hi = iv
-    if lo.is_nonnegative:
-        return lo, hi
-    if hi.is_nonpositive:
-        return -hi, -lo
-    return sympy.Max(0, lo, -hi), sympy.Max(-lo, hi)
-
-
-def _pow_iv(iv: Interval | None, n: int) -> Interval | None:
-    if iv is None:
-        return None
-    if n % 2:
-        return iv[0] ** n, iv[1] ** n
-    a = _abs_iv(iv)
-    return None if a is None else (a[0] ** n, a[1] ** n)
-
-
 # ---------------------------------------------------------------------------------------------
 # exactness guards: int-only arithmetic, int32 range for inputs below INDEX_LIMIT
 # ---------------------------------------------------------------------------------------------
@@ -292,65 +252,6 @@ def _mag(e: sympy.Basic) -> float:
     if isinstance(e, sympy.Piecewise):
         return max(max(_mag(pc.expr), _mag(pc.cond)) for pc in e.args)
     return math.inf
-
-
-# ---------------------------------------------------------------------------------------------
-# exact Python evaluation of bound expressions
-# ---------------------------------------------------------------------------------------------
-Env = Mapping[sympy.Symbol, int]
-_REL_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
-            ">": operator.gt, ">=": operator.ge}
-
-
-def _compile(e: sympy.Basic) -> Callable[[Env], Any]:  # noqa: C901 - one branch per node kind
-    """A closure computing e exactly (int / Fraction / bool) from symbol values."""
-    if isinstance(e, BooleanTrue) or isinstance(e, BooleanFalse):
-        v = bool(e)
-        return lambda env: v
-    if e.is_Integer:
-        i = int(e)
-        return lambda env: i
-    if e.is_Rational:
-        fr = Fraction(int(e.p), int(e.q))
-        return lambda env: fr
-    if isinstance(e, sympy.Symbol):
-        return lambda env: env[e]
-    fs = [_compile(a) for a in e.args] if not isinstance(e, sympy.Piecewise) else []
-    if e.is_Add:
-        return lambda env: sum(f(env) for f in fs)
-    if e.is_Mul:
-        return lambda env: math.prod(f(env) for f in fs)
-    if e.is_Pow and e.exp.is_Integer:
-        base, n = fs[0], int(e.exp)
-        return (lambda env: base(env) ** n) if n >= 0 else (lambda env: Fraction(1) / Fraction(base(env)) ** -n)
-    if isinstance(e, sympy.floor):
-        return lambda env: math.floor(fs[0](env))
-    if isinstance(e, sympy.ceiling):
-        return lambda env: math.ceil(fs[0](env))
-    if isinstance(e, sympy.Mod):
-        return lambda env: fs[0](env) % fs[1](env)
-    if isinstance(e, sympy.Min):
-        return lambda env: min(f(env) for f in fs)
-    if isinstance(e, sympy.Max):
-        return lambda env: max(f(env) for f in fs)
-    if isinstance(e, sympy.Abs):
-        return lambda env: abs(fs[0](env))
-    if isinstance(e, Relational) and e.rel_op in _REL_OPS:
-        op = _REL_OPS[e.rel_op]
-        return lambda env: op(fs[0](env), fs[1](env))
-    if isinstance(e, sympy.And):
-        return lambda env: all(f(env) for f in fs)
-    if isinstance(e, sympy.Or):
-        return lambda env: any(f(env) for f in fs)
-    if isinstance(e, sympy.Not):
-        return lambda env: not fs[0](env)
-    if isinstance(e, sympy.ITE):
-        c, a, b = fs
-        return lambda env: a(env) if c(env) else b(env)
-    if isinstance(e, sympy.Piecewise):
-        pieces = [(_compile(pc.expr), _compile(pc.cond)) for pc in e.args]
-        return lambda env: next(v(env) for v, c in pieces if c(env))
-    raise ValueError(f"cannot evaluate {type(e).__name__} in a tile bound")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ import sympy
 from attncompiler.codegen.cuda_printer import CudaPrinter
 from attncompiler.spec.symbols import B, H, KV_LEN, Q_LEN
 
-from .bounds import _INT32_MAX, _PRINTER, INDEX_LIMIT, Interval, ReadBound, _compile, _exact_int, _mag
+from .bounds import _INT32_MAX, _PRINTER, INDEX_LIMIT, ReadBound, _exact_int, _mag
+from .intervals import Interval, _compile
 
 __all__ = ["GRANULE", "BufferValues", "BufferRead", "ReadContext", "granule_count", "level_count"]
 
