@@ -1,5 +1,6 @@
-"""CPU: the decode planner (stages, split choice and its reasons, the auto-pick rule), rendering, and an
-nvcc compile of both decode kernels for sm_80 and sm_90a."""
+"""CPU: the decode planner (stages, split choice and its reasons, the auto-pick rule, the fold_combine and
+loader options), the launch sequence, rendering, and an nvcc compile of both decode kernels for sm_80 and
+sm_90a (default plan and each option)."""
 from __future__ import annotations
 
 import shutil
@@ -106,11 +107,11 @@ def test_auto_compile_flags_decode():
     assert auto._decode_kernel(AttnInputs(1, 32, 8, 1, 100, 128, 128)) is None
 
 
-def _render(spec, arch="sm_90"):
+def _render(spec, arch="sm_90", **options):
     sched = get_schedule("decode")
     t = get_target(arch)
     ir = build_ir(spec)
-    return sched.render(ir, sched.make_plan(ir, t), t)
+    return sched.render(ir, sched.make_plan(ir, t, **options), t)
 
 
 def test_render_has_both_entries():
@@ -139,3 +140,177 @@ def test_cli_plan_decode(capsys):
     assert main(["plan", "causal", "--schedule", "decode", "--arch", "sm_90", "--shape", "1,32,32768"]) == 0
     out = capsys.readouterr().out
     assert "decode plan for sm_90" in out and "split choice for B=1" in out
+
+
+# ---- plan options: fold_combine (merge in the split kernel) and loader (cp_async / bulk) ----------------------
+
+def test_options_default_off():
+    p = pd.plan_decode(ProblemDims(128), "sm_90")
+    assert (p.fold_combine, p.loader, p.l2_hint) == (False, "cp_async", pd.DECODE_L2_HINT)
+    text = p.describe()
+    assert "K/V loader: cp_async: 3-stage cp.async ring" in text and "L2::256B hint" in text
+    assert "combine: separate kernel, 4 rows per CTA" in text
+    assert any(r.startswith("loader cp_async: 16-byte cp.async") for r in p.reasons)
+    assert any(r.startswith("combine kernel: ") for r in p.reasons)
+
+
+def test_options_accepted_and_explained():
+    p = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=True, loader="bulk")
+    assert (p.fold_combine, p.loader, p.l2_hint) == (True, "bulk", 0)
+    text = p.describe()
+    assert "K/V loader: bulk: 3-stage cp.async.bulk ring" in text
+    assert "combine: folded into the split kernel" in text
+    assert any(r.startswith("loader bulk (requested): warp 0 issues 128 cp.async.bulk copies per tile")
+               for r in p.reasons)
+    assert any(r.startswith("fold_combine (requested):") for r in p.reasons)
+    # the mbarriers: 3 stages x 8 B, rounded up to 16 B, after the stages
+    assert p.smem_bytes == pd.decode_smem_bytes(128, 128, 64, 3) + 32 == pd.decode_smem_bytes(128, 128, 64, 3, "bulk")
+    assert (p.stages, p.ctas_per_sm) == (3, 2)
+    # each option alone, and fold_combine on sm_80 (it needs nothing beyond the split kernel)
+    assert pd.plan_decode(ProblemDims(128), "sm_90", loader="bulk").fold_combine is False
+    f80 = pd.plan_decode(ProblemDims(128), "sm_80", fold_combine=True)
+    assert f80.fold_combine and f80.loader == "cp_async" and f80.smem_bytes == pd.decode_smem_bytes(128, 128, 64, 2)
+    assert pd.plan_decode(ProblemDims(64), "sm_100", loader="bulk").loader == "bulk"
+    off = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=False, loader="cp_async")
+    assert any(r.startswith("loader cp_async (requested)") for r in off.reasons)
+    assert any(r.startswith("combine kernel (requested)") for r in off.reasons)
+
+
+def test_options_rejected_with_reason():
+    with pytest.raises(PlanError, match=r"decode: loader 'bulk' needs sm_90\+ \(cp\.async\.bulk\), got sm_80"):
+        pd.plan_decode(ProblemDims(128), "sm_80", loader="bulk")
+    with pytest.raises(PlanError, match=r"decode: loader 'bulk' needs sm_90\+ \(cp\.async\.bulk\), got sm_86"):
+        pd.plan_decode(ProblemDims(128), "sm_86", loader="bulk")
+    with pytest.raises(PlanError, match=r"expected loader in \('cp_async', 'bulk'\), got 'tma'"):
+        pd.plan_decode(ProblemDims(128), "sm_90", loader="tma")
+    with pytest.raises(PlanError, match="expected fold_combine True or False, got 1"):
+        pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=1)
+    with pytest.raises(PlanError, match="l2_hint applies to the cp_async loader"):
+        pd.plan_decode(ProblemDims(128), "sm_90", loader="bulk", l2_hint=256)
+    assert pd.plan_decode(ProblemDims(128), "sm_90", loader="bulk", l2_hint=0).l2_hint == 0
+
+
+def test_workspace_with_counters():
+    dims = AttnInputs(1, 32, 8, 2, 32768, 128, 128)
+    plain = pd.plan_decode(ProblemDims(128), "sm_90")
+    fold = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=True)
+    c = pd.choose_splits(fold, B=1, H=32, H_kv=8, Nq=2, Nk=32768)
+    assert c.num_splits > 1 and c.row_blocks == 1  # 4 heads x 2 queries = 8 rows
+    base = c.num_splits * 32 * 2 * 129
+    assert rt.workspace_floats(c, dims) == rt.workspace_floats(c, dims, plain) == base
+    assert rt.counter_slice(plain, c, dims) == (0, 0)
+    # one int32 counter per (b, h_kv, row block), after the partial LSEs
+    assert rt.counter_slice(fold, c, dims) == (base, 1 * 8 * 1)
+    assert rt.workspace_floats(c, dims, fold) == base + 8
+    assert "fold_combine: one launch" in c.reasons[-1] and "8 units" in c.reasons[-1]
+    # MQA with 16 queries: 32 heads x 16 queries = 512 rows = 32 row blocks per (b, h_kv)
+    dims2 = AttnInputs(2, 32, 1, 16, 4099, 128, 128)
+    c2 = pd.choose_splits(fold, B=2, H=32, H_kv=1, Nq=16, Nk=4099, num_splits=3)
+    assert rt.counter_slice(fold, c2, dims2) == (3 * 2 * 32 * 16 * 129, 2 * 1 * 32)
+    # one split: the split kernel writes O directly, no workspace and no counters
+    c1 = pd.choose_splits(fold, B=8, H=32, H_kv=32, Nq=1, Nk=131072)
+    d1 = AttnInputs(8, 32, 32, 1, 131072, 128, 128)
+    assert c1.num_splits == 1 and rt.workspace_floats(c1, d1, fold) == 0 and rt.counter_slice(fold, c1, d1) == (0, 0)
+    assert get_schedule("decode").workspace_floats(_render(presets.plain(128), fold_combine=True), dims) == base + 8
+
+
+class _KS:
+    def __init__(self, plan):
+        self.plan, self.threads, self.smem_bytes = plan, plan.num_threads, plan.smem_bytes
+
+
+def _fake_params(workspace=0x7f0000000000, k=0x10000, k_sn=128):
+    from attncompiler.runtime.launch import _params_type
+
+    P = _params_type()()
+    P.workspace, P.k, P.v = workspace, k, 0x20000
+    P.k_sb, P.k_sh, P.k_sn = 8 * 32768 * 128, 32768 * 128, k_sn
+    P.v_sb, P.v_sh, P.v_sn = 8 * 32768 * 128, 32768 * 128, 128
+    return P
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_launch_sequence(monkeypatch, fold):
+    """Without a GPU: which launches (and counter memsets) launch_decode issues, in order."""
+    import attncompiler.runtime.launch as launch_mod
+
+    calls = []
+    monkeypatch.setattr(launch_mod, "launch_structs", lambda fn, grid, block, smem, structs, dev: calls.append(
+        ("launch", fn, grid, block, smem)))
+    monkeypatch.setattr(rt, "_zero_counters", lambda params, off, cnt, dev: calls.append(("zero", off, cnt)))
+    plan = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=fold)
+    dims = AttnInputs(1, 32, 8, 1, 32768, 128, 128)
+    c = rt.split_choice(plan, dims)
+    assert c.num_splits > 1
+    rt.launch_decode(_KS(plan), 11, 22, c, dims, _fake_params(), None, None)
+    split = ("launch", 11, (c.num_splits, 8, 1), 128, plan.smem_bytes)
+    if fold:
+        off, cnt = rt.counter_slice(plan, c, dims)
+        assert calls == [("zero", off, cnt), split]
+    else:
+        assert calls == [split, ("launch", 22, (8, 1, 1), 128, 0)]
+    calls.clear()
+    c1 = rt.split_choice(plan, AttnInputs(8, 32, 32, 1, 131072, 128, 128))
+    rt.launch_decode(_KS(plan), 11, 22, c1, AttnInputs(8, 32, 32, 1, 131072, 128, 128), _fake_params(), None, None)
+    assert calls == [("launch", 11, (1, 256, 1), 128, plan.smem_bytes)]  # one split: no combine, no counters
+
+
+def test_bulk_launch_checks_alignment(monkeypatch):
+    import attncompiler.runtime.launch as launch_mod
+    from attncompiler.runtime.launch import InputError
+
+    monkeypatch.setattr(launch_mod, "launch_structs", lambda *a: None)
+    plan = pd.plan_decode(ProblemDims(128), "sm_90", loader="bulk")
+    dims = AttnInputs(8, 32, 32, 1, 32768, 128, 128)
+    c = rt.split_choice(plan, dims)
+    rt.launch_decode(_KS(plan), 1, 2, c, dims, _fake_params(), None, None)
+    with pytest.raises(InputError, match="loader 'bulk' needs a 16-byte aligned base"):
+        rt.launch_decode(_KS(plan), 1, 2, c, dims, _fake_params(k=0x10008), None, None)
+    with pytest.raises(InputError, match="multiples of 8 elements"):
+        rt.launch_decode(_KS(plan), 1, 2, c, dims, _fake_params(k_sn=132), None, None)
+
+
+def test_render_options_and_cache_key():
+    default = _render(presets.causal(128))
+    assert "BULK_LOADER = false" in default.source and "FOLD_COMBINE = false" in default.source
+    both = _render(presets.causal(128), fold_combine=True, loader="bulk")
+    assert "BULK_LOADER = true" in both.source and "FOLD_COMBINE = true" in both.source
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in both.source
+    assert "K/V loader: bulk" in both.source and "combine: folded into the split kernel" in both.source
+    assert f"kSmemBytes == {both.plan.smem_bytes}" in both.source
+    # a compiled kernel is identified by its source (NVRTC / disk caches) and compile()'s plan options
+    spec = presets.causal(128)
+    k0 = ac.compile(spec, "decode", target="sm_90", build=False)
+    kf = ac.compile(spec, "decode", target="sm_90", build=False, fold_combine=True)
+    kb = ac.compile(spec, "decode", target="sm_90", build=False, loader="bulk")
+    assert len({k0.source, kf.source, kb.source}) == 3
+    assert (kf.plan.fold_combine, kb.plan.loader) == (True, "bulk") and not k0.plan.fold_combine
+    assert ac.compile(spec, "decode", target="sm_90", build=False, fold_combine=True).kernel_source is kf.kernel_source
+
+
+_OPTION_CASES = [dict(fold_combine=True), dict(loader="bulk"), dict(fold_combine=True, loader="bulk")]
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("opts", _OPTION_CASES, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()))
+def test_nvcc_decode_options(arch, opts):
+    if arch == "sm_80" and opts.get("loader") == "bulk":
+        pytest.skip("loader 'bulk' is sm_90+ (test_options_rejected_with_reason, test_nvcc_bulk_refuses_sm80)")
+    for spec in (presets.causal(128), ac.AttentionSpec(head_dim=64, dropout_p=0.1, name="dropout"),
+                 presets.softcap(30.0, 256)):
+        rep = compile_with_nvcc(_render(spec, arch.rstrip("a"), **opts).source, arch)
+        assert "attn_decode_combine" in rep.log and "attn_fwd" in rep.log
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, rep.log
+        assert rep.registers <= 255
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_bulk_refuses_sm80():
+    """A bulk-loader source built for sm_80 stops at the kernel's static_assert (the planner refuses it first)."""
+    from attncompiler.runtime.compiler import CompileError
+
+    with pytest.raises(CompileError, match="loader 'bulk' needs sm_90"):
+        compile_with_nvcc(_render(presets.plain(64), "sm_90", loader="bulk").source, "sm_80")

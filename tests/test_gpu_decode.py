@@ -1,5 +1,6 @@
 """GPU: the split-KV decode schedule against the float64 reference (error-ratio rule), the automatic
-pick for small Nq, and autograd through a decode forward (v2 backward from its out and lse).
+pick for small Nq, autograd through a decode forward (v2 backward from its out and lse), and the plan
+options fold_combine / loader="bulk" (reference checks, CUDA-graph replays, the counters' reset).
 
 Run on a GPU machine with ``python3 -m pytest -m gpu tests/test_gpu_decode.py``.
 """
@@ -159,3 +160,152 @@ def test_decode_side_stream():
         got = kern(q, k, v)
     s.synchronize()
     assert torch.equal(got, want)
+
+
+# ---- plan options: fold_combine (the split kernel merges) and loader="bulk" (cp.async.bulk K/V ring) --------
+
+_OPTIONS = {"fold": dict(fold_combine=True), "bulk": dict(loader="bulk"),
+            "fold+bulk": dict(fold_combine=True, loader="bulk")}
+_OPT_SHAPES = ((1, 32, 8), (2, 4, 4))
+_OPT_NKS = (1023, 4097, 32768)
+
+
+def _needs(opts: dict) -> None:
+    if opts.get("loader") == "bulk" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("loader 'bulk' needs sm_90+")
+
+
+@pytest.mark.parametrize("opt", list(_OPTIONS))
+@pytest.mark.parametrize("name", ["plain", "causal", "alibi"])
+def test_decode_options_against_reference(opt, name):
+    """fold_combine / bulk / both against the float64 reference: Nk in {1023, 4097, 32768} x (B, H, H_kv) in
+    {(1, 32, 8), (2, 4, 4)}, Nq in {1, 3}; the last tile is partial at 1023 and 4097 (bulk: clamped rows)."""
+    opts = _OPTIONS[opt]
+    _needs(opts)
+    seen = set()
+    for B, H, H_kv in _OPT_SHAPES:
+        kern = ac.compile(_spec(name, H=H), "decode", **opts)  # ALiBi: one slope per query head
+        assert all(getattr(kern.plan, k) == v for k, v in opts.items())
+        for nk in _OPT_NKS:
+            for nq in (1, 3):
+                lse_tol = 2e-3 + (4 * 2.0**-23 * nk if name == "alibi" else 0.0)
+                res = check_kernel(kern, B, H, nq, nk, H_kv=H_kv, seed=nk + nq, lse_tol=lse_tol)
+                assert res.ok, f"{name} {opt} B={B} H={H} H_kv={H_kv} Nq={nq} Nk={nk}: {res}"
+                seen.add(_splits(kern, B, H, H_kv, nq, nk) > 1)
+    assert seen == {True}, "expected several splits (the folded merge) at these shapes"
+    # one split (direct write) with the options too
+    kern = ac.compile(_spec(name, H=32), "decode", **opts)
+    res = check_kernel(kern, 8, 32, 1, 4097, H_kv=32)
+    assert res.ok, str(res)
+
+
+@pytest.mark.parametrize("opt", list(_OPTIONS))
+def test_decode_options_other_variants(opt):
+    opts = _OPTIONS[opt]
+    _needs(opts)
+    for name, dtype in (("dropout", "bf16"), ("document", "fp16"), ("softcap", "bf16")):
+        kern = ac.compile(_spec(name, dtype=dtype), "decode", **opts)
+        for nq, nk in ((1, 4097), (16, 1023), (3, 113)):
+            res = check_kernel(kern, 2, 4, nq, nk)
+            assert res.ok, f"{name} {dtype} {opt} Nq={nq} Nk={nk}: {res}"
+    for head_dim in (64, 256):
+        kern = ac.compile(_spec("causal", head_dim), "decode", **opts)
+        res = check_kernel(kern, 1, 32, 1, 32768, H_kv=8)
+        assert res.ok, f"d={head_dim} {opt}: {res}"
+
+
+@pytest.mark.parametrize("opt", list(_OPTIONS))
+def test_decode_options_fully_masked_rows(opt):
+    """fold_combine's merge of rows no split sees (O = 0, LSE = -inf), and bulk's ring with skipped tiles."""
+    opts = _OPTIONS[opt]
+    _needs(opts)
+    spec = ac.AttentionSpec(head_dim=128, mask_mod=lambda b, h, q_idx, kv_idx: (h < 1) | (h > 2), name="holes")
+    kern = ac.compile(spec, "decode", **opts)
+    for nk in (1023, 32768):
+        q, k, v = (torch.randn(2, 4, n, 128, device="cuda", dtype=torch.bfloat16) for n in (3, nk, nk))
+        out = torch.full_like(q, float("nan"))
+        _, lse = kern(q, k, v, out=out, return_lse=True)
+        assert _splits(kern, 2, 4, 4, 3, nk) > 1
+        assert not torch.isnan(out).any()
+        assert (out[:, 1:3] == 0).all()
+        assert torch.isneginf(lse[:, 1:3]).all() and torch.isfinite(lse[:, [0, 3]]).all()
+        res = check_kernel(kern, 2, 4, 3, nk)
+        assert res.ok, str(res)
+
+
+def _graph_case(kern, B, H, H_kv, nk):
+    q = torch.randn(B, H, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, H_kv, nk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty_like(q)
+    lse = None
+
+    def run():
+        nonlocal lse
+        _, lse = kern(q, k, v, out=out, return_lse=True)
+
+    return q, k, v, out, run, lambda: lse
+
+
+@pytest.mark.parametrize("opt", list(_OPTIONS))
+@pytest.mark.parametrize("shape", _OPT_SHAPES)
+def test_decode_options_cuda_graph_replays(opt, shape):
+    """A CUDA graph of one call, replayed twice: both replays equal the eager call (fold_combine: the
+    counters start at zero on every replay), and so does an eager call after them."""
+    opts = _OPTIONS[opt]
+    _needs(opts)
+    B, H, H_kv = shape
+    kern = ac.compile(presets.causal(128), "decode", **opts)
+    for nk in (4097, 32768):
+        assert _splits(kern, B, H, H_kv, 1, nk) > 1
+        q, k, v, out, run, get_lse = _graph_case(kern, B, H, H_kv, nk)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run()  # warm-up (compile, load) outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        want, want_lse = out.clone(), get_lse().clone()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        g_lse = get_lse()
+        for rep in range(2):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), f"{opt} {shape} Nk={nk}: replay {rep} differs from the eager call"
+            assert torch.equal(g_lse, want_lse), f"{opt} {shape} Nk={nk}: replay {rep} lse differs"
+        run()
+        assert torch.equal(out, want)
+        res = check_kernel(kern, B, H, 1, nk, H_kv=H_kv)
+        assert res.ok, str(res)
+
+
+def test_decode_fold_counter_reset_by_the_kernel(monkeypatch):
+    """fold_combine's last CTA leaves its counter at zero: a graph captured without the launcher's counter
+    memset (zeroed once by hand after the capture) gives the eager result on two replays."""
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("sm_80+")
+    from cupy.cuda import runtime
+
+    kern = ac.compile(presets.causal(128), "decode", fold_combine=True)
+    q, k, v, out, run, get_lse = _graph_case(kern, 1, 32, 8, 32768)
+    run()
+    want = out.clone()
+    seen = []
+    monkeypatch.setattr(rt, "_zero_counters", lambda params, off, cnt, dev: seen.append(
+        (int(params.workspace) + 4 * off, 4 * cnt)))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        run()
+    torch.cuda.synchronize()
+    assert len(seen) == 1, "expected one counter slice in the captured call"
+    ptr, nbytes = seen[0]
+    runtime.memset(ptr, 0, nbytes)  # the graph's workspace lives in its private pool: zero its counters once
+    torch.cuda.synchronize()
+    for rep in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"replay {rep}: the kernel did not leave its counters at zero"

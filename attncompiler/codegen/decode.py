@@ -1,6 +1,7 @@
 """The decode schedule: split-KV flash-decoding forward for few query rows (templates/decode_fwd.cu.j2,
 include/attncompiler/decode.cuh): a split kernel over (splits, B*H_kv, row blocks) and a combine kernel
-that merges the partial results by LSE.  ``schedule="auto"`` runs it when Nq <= 16 and the K/V is long
+that merges the partial results by LSE (or, with the plan's ``fold_combine``, the split kernel's last CTA
+of each unit merges them: one launch).  ``schedule="auto"`` runs it when Nq <= 16 and the K/V is long
 (:func:`attncompiler.plan.decode.decode_applies`)."""
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class DecodeSchedule:
             stages=plan.stages,
             q_in_regs=bool(plan.q_in_regs),
             l2_hint=int(plan.l2_hint),
+            loader=str(plan.loader),
+            fold_combine=bool(plan.fold_combine),
             min_ctas=plan.min_ctas,
             combine_warps=plan.combine_warps,
             max_splits=DECODE_MAX_SPLITS,
@@ -57,12 +60,13 @@ class DecodeSchedule:
         return (c.num_splits, dims.B * dims.H_kv, c.row_blocks)
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
-        return rt.workspace_floats(rt.split_choice(ks.plan, dims), dims)
+        return rt.workspace_floats(rt.split_choice(ks.plan, dims), dims, ks.plan)
 
     def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
                        device: torch.device) -> None:
-        """Launch the split (and, with several splits, the combine) kernel on torch's current stream;
-        ``params.workspace`` must hold :meth:`workspace_floats` floats."""
+        """Launch the split (and, with several splits and no ``fold_combine``, the combine) kernel on
+        torch's current stream; ``params.workspace`` must hold :meth:`workspace_floats` floats (with
+        ``fold_combine`` its counter slice is zeroed here, on the same stream, before the launch)."""
         idx = device.index if device.index is not None else torch.cuda.current_device()
         key = (ks.source, ks.arch, idx)  # str hashes are cached: a hit is cheap (no sha256 of the source)
         fns = _FUNCTIONS.get(key)

@@ -7,11 +7,17 @@ Facts of the kernels (``templates/decode_fwd.cu.j2``, ``include/attncompiler/dec
   so ``row_blocks = ceil(H/H_kv * Nq / 16)`` -- and one contiguous chunk of whole BLOCK_N-key tiles;
 * NUM_WARPS warps each take BLOCK_N / NUM_WARPS keys of every tile, so the tile width is
   16 * NUM_WARPS (one k16 step of P V per warp and tile) and the warps merge (m, l, O) at the end;
-* K/V stream through a STAGES-deep cp.async ring: STAGES - 1 tiles are in flight while one is
-  computed.  The kernel is bound by HBM bandwidth (each key's K and V bytes are used by <= 16 rows),
-  so the plan maximizes bytes in flight per SM: as many stages as keep DECODE_CTAS_PER_SM CTAs
-  resident (:data:`DECODE_STAGES_MIN` .. :data:`DECODE_STAGES_MAX`);
-* shared memory: ``(16*(D+8) + STAGES*BLOCK_N*((D+8) + (DV+8))) * 2`` bytes.
+* K/V stream through a STAGES-deep ring: STAGES - 1 tiles are in flight while one is computed.
+  The kernel is bound by HBM bandwidth (each key's K and V bytes are used by <= 16 rows), so the
+  plan maximizes bytes in flight per SM: as many stages as keep DECODE_CTAS_PER_SM CTAs resident
+  (:data:`DECODE_STAGES_MIN` .. :data:`DECODE_STAGES_MAX`).  ``loader`` fills the ring:
+  ``"cp_async"`` (16-byte cp.async from every thread, the default) or ``"bulk"`` (sm_90+: one
+  ``cp.async.bulk`` per K / V row, issued by one warp, completing on one mbarrier per stage);
+* shared memory: ``(16*(D+8) + STAGES*BLOCK_N*((D+8) + (DV+8))) * 2`` bytes, plus
+  ``ceil(8*STAGES / 16) * 16`` bytes of mbarriers with the bulk loader;
+* with more than one split the partial (O, LSE) go to a workspace, merged by a combine kernel, or,
+  with ``fold_combine``, by the last split CTA of each (batch, K/V head, row block) (an atomic
+  counter per unit in the workspace, zeroed by the launcher): one launch instead of two.
 
 The split count is a run-time choice (:func:`choose_splits`): it depends on B, H_kv, Nq and Nk.
 """
@@ -30,6 +36,7 @@ __all__ = [
     "DECODE_MAX_NQ", "DECODE_MIN_KV", "DECODE_ROWS", "DECODE_NUM_WARPS", "DECODE_BLOCK_N", "DECODE_CTAS_PER_SM",
     "DECODE_STAGES_MIN", "DECODE_STAGES_MAX", "DECODE_MIN_TILES_PER_SPLIT", "DECODE_MAX_SPLITS",
     "DECODE_SPLIT_EFFICIENCY", "DECODE_COMBINE_WARPS", "DECODE_Q_IN_REGS_MAX", "DECODE_L2_HINT",
+    "DECODE_LOADERS", "DECODE_LOADER", "DECODE_FOLD_COMBINE",
 ]
 
 #: ``schedule="auto"`` runs decode when Nq <= DECODE_MAX_NQ ...
@@ -60,15 +67,23 @@ DECODE_L2_HINT = 256
 DECODE_COMBINE_WARPS = 4
 #: Q's A fragments stay in registers up to this head dim (D/16 * 4 registers)
 DECODE_Q_IN_REGS_MAX = 128
+#: K/V loaders of the ring: 16-byte cp.async from every thread, or (sm_90+) one cp.async.bulk per K / V row
+DECODE_LOADERS = ("cp_async", "bulk")
+#: the default loader (measured: ~4.2 TB/s at B=8, H=H_kv=32, 32k-128k keys on an H200)
+DECODE_LOADER = "cp_async"
+#: the default for merging the splits inside the split kernel (off: a separate combine launch)
+DECODE_FOLD_COMBINE = False
 #: registers besides O, Q and S fragments (addresses, row statistics, loop state): ptxas reported 181-183 at
 #: D = DV = 128 and 118 at 64 (sm_80 and sm_90a, nvcc 13.0), which this bounds from above
 _REG_OVERHEAD = 80
 
 
-def decode_smem_bytes(head_dim: int, head_dim_v: int, block_n: int, stages: int) -> int:
-    """Shared memory of one split CTA (bytes), as the kernel's DecodeLayout computes it."""
+def decode_smem_bytes(head_dim: int, head_dim_v: int, block_n: int, stages: int, loader: str = DECODE_LOADER) -> int:
+    """Shared memory of one split CTA (bytes), as the kernel's DecodeLayout computes it: Q, the
+    stages, and with the bulk loader one 8-byte mbarrier per stage (rounded up to 16 bytes)."""
+    bars = -(-8 * stages // 16) * 16 if loader == "bulk" else 0
     return (DECODE_ROWS * (head_dim + SMEM_ROW_PAD) + stages * block_n * ((head_dim + SMEM_ROW_PAD)
-                                                                         + (head_dim_v + SMEM_ROW_PAD))) * 2
+                                                                         + (head_dim_v + SMEM_ROW_PAD))) * 2 + bars
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,20 +94,38 @@ class DecodePlan(Plan):
     q_in_regs: bool
     min_ctas: int
     sm_count: int  # of the planned device (the run-time split choice fills its CTA slots)
-    l2_hint: int = 256  # L2 prefetch size (bytes) of the K/V copies: 0, 128 or 256
+    l2_hint: int = 256  # L2 prefetch size (bytes) of the K/V cp.async copies: 0, 128 or 256 (0 with bulk)
     combine_warps: int = DECODE_COMBINE_WARPS
+    #: merge the splits in the split kernel (last CTA per (b, h_kv, row block), atomic counter): one launch
+    fold_combine: bool = DECODE_FOLD_COMBINE
+    #: K/V ring loader: "cp_async" or "bulk" (sm_90+ cp.async.bulk per row, mbarrier per stage)
+    loader: str = DECODE_LOADER
 
     def _config_lines(self) -> list[str]:
+        if self.loader == "bulk":
+            ld = (f"{self.stages}-stage cp.async.bulk ring ({self.stages - 1} tiles in flight; warp 0 issues one "
+                  f"bulk copy per K / V row, one mbarrier per stage)")
+        else:
+            hint = f"L2::{self.l2_hint}B hint" if self.l2_hint else "no L2 hint"
+            ld = f"{self.stages}-stage cp.async ring ({self.stages - 1} tiles in flight; 16-byte copies, {hint})"
+        comb = ("combine: folded into the split kernel (the last split CTA of each (b, h_kv, row block) merges)"
+                if self.fold_combine else f"combine: separate kernel, {self.combine_warps} rows per CTA")
         return super()._config_lines() + [
             f"  rows: {DECODE_ROWS} (query head, query) pairs per CTA; {self.block_n // self.num_warps} keys per "
-            f"warp and tile; {self.stages}-stage cp.async ring ({self.stages - 1} tiles in flight); "
-            f"Q in registers: {self.q_in_regs}; combine: {self.combine_warps} rows per CTA",
+            f"warp and tile; Q in registers: {self.q_in_regs}",
+            f"  K/V loader: {self.loader}: {ld}",
+            f"  {comb}",
         ]
 
 
 def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warps: int | None = None,
-                stages: int | None = None, block_n: int | None = None, l2_hint: int | None = None) -> DecodePlan:
-    """Plan the decode kernels for ``ir_or_dims`` on ``target`` (options override the choice)."""
+                stages: int | None = None, block_n: int | None = None, l2_hint: int | None = None,
+                fold_combine: bool | None = None, loader: str | None = None) -> DecodePlan:
+    """Plan the decode kernels for ``ir_or_dims`` on ``target`` (options override the choice).
+
+    ``fold_combine`` (default :data:`DECODE_FOLD_COMBINE`): with several splits, the last split CTA of
+    each unit merges the partials instead of a second (combine) launch.  ``loader`` (default
+    :data:`DECODE_LOADER`): ``"cp_async"`` or ``"bulk"`` (sm_90+)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
     D, DV = dims.head_dim, dims.head_dim_v
@@ -108,9 +141,23 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
         raise PlanError(f"decode: expected l2_hint in (0, 128, 256), got {l2_hint!r}")
     if stages is not None and not DECODE_STAGES_MIN <= stages <= 6:
         raise PlanError(f"decode: expected stages in {DECODE_STAGES_MIN}..6, got {stages!r}")
+    if fold_combine is not None and not isinstance(fold_combine, bool):
+        raise PlanError(f"decode: expected fold_combine True or False, got {fold_combine!r}")
+    if loader is not None and loader not in DECODE_LOADERS:
+        raise PlanError(f"decode: expected loader in {DECODE_LOADERS}, got {loader!r}")
+    ld = DECODE_LOADER if loader is None else loader
+    if loader is None and ld == "bulk" and t.major < 9:
+        ld = "cp_async"  # the default on a target without cp.async.bulk
+    fold = DECODE_FOLD_COMBINE if fold_combine is None else fold_combine
+    if ld == "bulk":
+        if t.major < 9:
+            raise PlanError(f"decode: loader 'bulk' needs sm_90+ (cp.async.bulk), got {t.name}")
+        if l2_hint:
+            raise PlanError(f"decode: l2_hint applies to the cp_async loader (bulk copies take no prefetch-size "
+                            f"hint), got l2_hint={l2_hint!r} with loader 'bulk'")
     warps = DECODE_NUM_WARPS if num_warps is None else num_warps
     if num_warps is None:  # a narrower tile where DECODE_STAGES_MIN stages of 64 keys exceed the block limit
-        while warps > 1 and decode_smem_bytes(D, DV, 16 * warps, DECODE_STAGES_MIN) > t.max_smem_per_block_optin:
+        while warps > 1 and decode_smem_bytes(D, DV, 16 * warps, DECODE_STAGES_MIN, ld) > t.max_smem_per_block_optin:
             warps //= 2
         if warps != DECODE_NUM_WARPS:
             reasons.append(f"{DECODE_NUM_WARPS} warps x 16 keys x {DECODE_STAGES_MIN} stages exceed "
@@ -130,7 +177,7 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
                    f"{D // 16 * 4} registers of A fragments)")
 
     def smem(s: int) -> int:
-        return decode_smem_bytes(D, DV, block_n, s)
+        return decode_smem_bytes(D, DV, block_n, s, ld)
 
     def fits(s: int, ctas: int) -> bool:
         return smem(s) <= t.max_smem_per_block_optin and ctas * (smem(s) + t.smem_reserved_per_block) <= t.smem_per_sm
@@ -156,6 +203,23 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
             raise PlanError(f"decode: stages={st} needs {smem(st)} B smem, got a limit of "
                             f"{t.max_smem_per_block_optin} B per block on {t.name}")
         reasons.append(f"stages {st} (requested)")
+    if ld == "bulk":
+        reasons.append(f"loader bulk{' (requested)' if loader is not None else ''}: warp 0 issues {2 * block_n} "
+                       f"cp.async.bulk copies per tile (one per K row of {D * 2} B and V row of {DV * 2} B) "
+                       f"completing on the stage's mbarrier "
+                       f"({block_n * (D + DV) * 2} B per phase; {-(-8 * st // 16) * 16} B of mbarriers); rows past "
+                       f"Nk copy row Nk-1 (masked to -inf)")
+    else:
+        reasons.append(f"loader cp_async{' (requested)' if loader is not None else ''}: 16-byte cp.async from all "
+                       f"{32 * warps} threads, one commit group per tile (rows past Nk zero-filled)")
+    if fold:
+        reasons.append(f"fold_combine{' (requested)' if fold_combine is not None else ''}: with more than one "
+                       "split, each split CTA counts itself in by an atomic counter per (b, h_kv, row block) after "
+                       "writing its partial (O, LSE); the last one merges and resets the counter: one launch, no "
+                       "combine kernel")
+    else:
+        reasons.append(f"combine kernel{' (requested)' if fold_combine is not None else ''}: with more than one "
+                       f"split a second launch merges the partials ({DECODE_COMBINE_WARPS} rows per CTA)")
     regs = DV // 8 * 4 + (D // 16 * 4 if q_in_regs else 4) + (block_n // warps) // 8 * 4 + _REG_OVERHEAD
     threads = 32 * warps
     occ = occupancy(t, smem(st), regs, threads)
@@ -165,7 +229,8 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
         block_n=block_n, num_warps=warps, num_threads=threads, smem_bytes=smem(st), est_registers_per_thread=regs,
         ctas_per_sm=occ.ctas_per_sm, reasons=tuple(reasons), stages=st, q_in_regs=q_in_regs,
         min_ctas=max(1, min(occ.ctas_per_sm, DECODE_CTAS_PER_SM)), sm_count=t.sm_count,
-        l2_hint=DECODE_L2_HINT if l2_hint is None else l2_hint,
+        l2_hint=(0 if ld == "bulk" else DECODE_L2_HINT) if l2_hint is None else l2_hint,
+        fold_combine=fold, loader=ld,
     )
 
 
@@ -227,8 +292,13 @@ def choose_splits(plan: DecodePlan, *, B: int, H: int, H_kv: int, Nq: int, Nk: i
         reasons.append(f"splits <= {hi} (each >= {DECODE_MIN_TILES_PER_SPLIT} tiles, <= {DECODE_MAX_SPLITS}); "
                        f"best wave efficiency {best:.2f}; the fewest within {DECODE_SPLIT_EFFICIENCY} of it: "
                        f"{s} split(s) of {per} tile(s) -> {units * s} CTAs, efficiency {effs[s0]:.2f}")
-    reasons.append("one split: the split kernel writes O and LSE directly (no combine)" if s == 1 else
-                   f"{s} splits: partial O (fp32) and LSE to the workspace, merged by the combine kernel")
+    if s == 1:
+        reasons.append("one split: the split kernel writes O and LSE directly (no combine)")
+    elif plan.fold_combine:
+        reasons.append(f"{s} splits: partial O (fp32) and LSE to the workspace, merged by the last split CTA of each "
+                       f"of the {units} units (fold_combine: one launch)")
+    else:
+        reasons.append(f"{s} splits: partial O (fp32) and LSE to the workspace, merged by the combine kernel")
     return SplitChoice(s, row_blocks, tiles, per, units * s, slots, tuple(reasons))
 
 

@@ -4,7 +4,11 @@ Both kernels take ``(AttnParams, AttnBuffers, DecodeParams)``; :data:`DECODE_PAR
 ``struct DecodeParams`` once for C (emitted into the translation unit) and ctypes.  The workspace
 (``AttnParams.workspace``, allocated by the caller from :func:`workspace_floats`) holds the partial
 results: ``num_splits * R * DV`` floats of normalized partial O, then ``num_splits * R`` partial LSEs,
-R = B*H*Nq rows (docs/architecture.md, "Decode").
+R = B*H*Nq rows (docs/architecture.md, "Decode"); with the plan's ``fold_combine``, then one int32
+counter per (batch, K/V head, row block) (:func:`counter_slice`), which must be zero before the split
+kernel runs: :func:`launch_decode` zeroes it on the launch stream (the caller allocates the workspace
+per call, uninitialized), and the kernel's last CTA per unit leaves it zero again.  With
+``fold_combine`` only the split kernel is launched.
 """
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ from typing import Any
 from ..plan.decode import DecodePlan, SplitChoice, choose_splits
 from .params import CField, ctypes_struct
 
-__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "pack_decode_params",
-           "launch_decode"]
+__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice",
+           "pack_decode_params", "launch_decode"]
 
 COMBINE_ENTRY = "attn_decode_combine"
 
@@ -38,11 +42,23 @@ def split_choice(plan: DecodePlan, dims: Any, num_splits: int | None = None) -> 
                          num_splits=num_splits)
 
 
-def workspace_floats(choice: SplitChoice, dims: Any) -> int:
-    """Floats of workspace the split kernel writes (0 with one split: it writes the output directly)."""
+def counter_slice(plan: DecodePlan, choice: SplitChoice, dims: Any) -> tuple[int, int]:
+    """(offset, count) in 4-byte words of the fold_combine counters in the workspace: one int32 per
+    (batch, K/V head, row block) after the partial LSEs; (0, 0) without fold_combine or with one split."""
+    if not plan.fold_combine or choice.num_splits == 1:
+        return 0, 0
+    return choice.num_splits * dims.B * dims.H * dims.Nq * (dims.DV + 1), dims.B * dims.H_kv * choice.row_blocks
+
+
+def workspace_floats(choice: SplitChoice, dims: Any, plan: DecodePlan | None = None) -> int:
+    """Floats of workspace the split kernel uses (0 with one split: it writes the output directly):
+    partial O and LSE, plus (``plan.fold_combine``) the int32 counters, one float slot each."""
     if choice.num_splits == 1:
         return 0
-    return choice.num_splits * dims.B * dims.H * dims.Nq * (dims.DV + 1)
+    n = choice.num_splits * dims.B * dims.H * dims.Nq * (dims.DV + 1)
+    if plan is not None:
+        n += counter_slice(plan, choice, dims)[1]
+    return n
 
 
 def pack_decode_params(choice: SplitChoice, dims: Any) -> ctypes.Structure:
@@ -54,15 +70,49 @@ def pack_decode_params(choice: SplitChoice, dims: Any) -> ctypes.Structure:
     return dp
 
 
+def _check_bulk_alignment(params: ctypes.Structure) -> None:
+    """The bulk loader copies whole K / V rows with cp.async.bulk: 16-byte aligned bases and row strides
+    (``check_inputs`` already requires both for every schedule; checked again here, where it is assumed)."""
+    from .launch import InputError
+
+    for name in ("k", "v"):
+        base = getattr(params, name) or 0
+        strides = tuple(getattr(params, f"{name}_s{a}") for a in ("b", "h", "n"))
+        if base % 16 or any(st % 8 for st in strides):
+            raise InputError(f"{name}: the decode loader 'bulk' needs a 16-byte aligned base and row strides that are "
+                             f"multiples of 8 elements (16 bytes), got address {base:#x} and strides {strides}; call "
+                             f".contiguous() first or plan with loader='cp_async'")
+
+
+def _zero_counters(params: ctypes.Structure, offset: int, count: int, device: Any) -> None:
+    """cudaMemsetAsync of the fold_combine counters on torch's current stream (captured into a CUDA graph
+    as a memset node, so every replay starts from zero too)."""
+    import torch
+    from cupy.cuda import runtime
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    runtime.memsetAsync(int(params.workspace) + 4 * offset, 0, 4 * count, stream)
+
+
 def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, dims: Any,
                   params: ctypes.Structure, buffers: ctypes.Structure, device: Any) -> None:
-    """The split kernel, then the combine kernel when there is more than one split."""
+    """The split kernel, then the combine kernel when there is more than one split (none with the
+    plan's ``fold_combine``: the split kernel merges; its counters are zeroed first)."""
     from .launch import launch_structs
 
+    plan = ks.plan
+    if getattr(plan, "loader", "cp_async") == "bulk":
+        _check_bulk_alignment(params)
     dp = pack_decode_params(choice, dims)
+    off, cnt = counter_slice(plan, choice, dims)
+    if cnt:
+        if not params.workspace:
+            raise ValueError(f"decode fold_combine: expected a workspace of {workspace_floats(choice, dims, plan)} "
+                             f"floats, got none")
+        _zero_counters(params, off, cnt, device)
     grid = (choice.num_splits, dims.B * dims.H_kv, choice.row_blocks)
     launch_structs(split_fn, grid, ks.threads, ks.smem_bytes, (params, buffers, dp), device)
-    if choice.num_splits > 1:
+    if choice.num_splits > 1 and not plan.fold_combine:
         warps = ks.plan.combine_warps
         rows = dp.total_rows
         launch_structs(combine_fn, (-(-rows // warps), 1, 1), 32 * warps, 0, (params, buffers, dp), device)

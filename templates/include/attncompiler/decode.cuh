@@ -9,8 +9,15 @@
 //     with GQA, 1 query x 8 grouped heads fills 8 rows and K/V is read once for the whole group;
 //   * the K/V blocks that the mask's kv_range allows (union over the CTA's heads) are cut into
 //     num_splits contiguous chunks of whole BLOCK_N tiles; CTA blockIdx.x streams its chunk through a
-//     STAGES-deep cp.async ring (16-byte copies, STAGES-1 tiles in flight while one is computed), and
-//     skips tiles the tile classifier proves EMPTY for every head of the CTA;
+//     STAGES-deep ring (STAGES-1 tiles in flight while one is computed), and skips tiles the tile
+//     classifier proves EMPTY for every head of the CTA. The ring is filled by one of two loaders:
+//       - BULK_LOADER = false (loader "cp_async"): every thread issues 16-byte cp.async copies (rows
+//         past Nk zero-filled), one commit group per tile, cp.async.wait_group before a tile is used;
+//       - BULK_LOADER = true (loader "bulk", sm_90+, bulk_copy.cuh): warp 0 issues one cp.async.bulk
+//         copy per K row and per V row of a tile (D*2 / DV*2 bytes into the padded smem rows), all
+//         completing on the stage's mbarrier (one expect_tx arrival + the tile's bytes per phase);
+//         every thread waits on that barrier with the stage's phase parity. Rows at or past Nk copy
+//         row Nk-1 instead (finite data; the mask below sets those scores to -inf, so P = 0 there);
 //   * each warp takes its own KW = BLOCK_N / NUM_WARPS keys of every tile (S = Q K^T, score_mod, mask,
 //     online softmax in the log2 domain, dropout, O += P V, all with mma.sync m16n8k16); the warps'
 //     (m, l, O) are merged through shared memory at the end;
@@ -18,14 +25,21 @@
 //     normalized partial O (fp32) and its LSE to the workspace:
 //       ws[0 : S*R*DV]           partial O,   [split][row][DV], row = (b*H + h)*Nq + qi  (R = B*H*Nq)
 //       ws[S*R*DV : S*R*(DV+1)]  partial LSE, [split][row], natural log, -inf for a split with no visible key
+//   * FOLD_COMBINE (num_splits > 1 only): after its partial write each CTA fences and increments the
+//     int counter of its (b, h_kv, row block), ws[S*R*(DV+1) + (b*H_kv + h_kv)*row_blocks + row block]
+//     (B*H_kv*row_blocks ints, zeroed by the launcher before the first launch); the CTA that sees
+//     S-1 (the last split to finish) reads every split's partials of its rows from L2 (ld.global.cg),
+//     writes O and LSE exactly as attn_decode_combine does, and resets the counter to 0 for the next
+//     launch (CUDA-graph replays included). No combine launch follows.
 // attn_decode_combine, grid ceil(R / COMBINE_WARPS), one warp per row: LSE = log sum_s exp(lse_s),
 //   O = sum_s exp(lse_s - LSE) O_s; a row with no visible key in any split gets O = 0, LSE = -inf.
 //
 // Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant, DecodeParams; Cfg supplies
-// D, DV, BLOCK_N, NUM_WARPS, STAGES, Q_IN_REGS, L2_HINT.
+// D, DV, BLOCK_N, NUM_WARPS, STAGES, Q_IN_REGS, L2_HINT, BULK_LOADER, FOLD_COMBINE.
 #pragma once
 
 #include "attncompiler/ranges.cuh"
+#include "attncompiler/bulk_copy.cuh"
 
 namespace ac {
 
@@ -49,7 +63,14 @@ struct DecodeLayout {
   static constexpr int kQBytes = BM * QS * 2;
   static constexpr int kKBytes = BN * KS * 2;
   static constexpr int kStageBytes = BN * (KS + VS) * 2;
-  static constexpr int kSmemBytes = kQBytes + STAGES * kStageBytes;
+  // Bulk loader: one 8-byte mbarrier per stage after the stages (16-byte multiple; none for cp.async).
+  static constexpr bool BULK = Cfg::BULK_LOADER;
+  static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
+  static constexpr int kBarBytes = BULK ? (8 * STAGES + 15) / 16 * 16 : 0;
+  static constexpr int kSmemBytes = kQBytes + STAGES * kStageBytes + kBarBytes;
+  static constexpr int kKRowBytes = D * 2;     // one bulk copy per K row / V row
+  static constexpr int kVRowBytes = DV * 2;
+  static constexpr int kTileTxBytes = BN * (kKRowBytes + kVRowBytes);  // bytes a stage's phase waits for
   // End-of-loop merge of the warps' (m, l, O), aliasing the K/V stages.
   static constexpr int OS = DV + 4;            // fp32 row stride of a warp's O
   static constexpr int kMergeBytes = W * BM * OS * 4 + 2 * W * BM * 4;
@@ -59,6 +80,12 @@ struct DecodeLayout {
   static_assert(BN % (16 * W) == 0, "each warp takes a multiple of 16 keys of a tile");
   static_assert(STAGES >= 2 && STAGES <= 6, "STAGES is 2..6");
   static_assert(kMergeBytes <= STAGES * kStageBytes, "the warp merge must fit in the K/V stages");
+  // Bulk copies: 16-byte aligned shared destinations (every row, K and V, of every stage) and sizes.
+  static_assert(kQBytes % 16 == 0 && kKBytes % 16 == 0 && kStageBytes % 16 == 0, "stage bases 16-byte aligned");
+  static_assert((KS * 2) % 16 == 0 && (VS * 2) % 16 == 0, "padded smem rows 16-byte aligned");
+  static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0, "a K / V row is a multiple of 16 bytes");
+  static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(!BULK || kTileTxBytes < (1 << 20), "a stage's transaction count fits the mbarrier's tx-count");
 };
 
 // Rows [R0, R0 + nrows) of the group cover query heads hg in [R0 / Nq, (R0 + nrows - 1) / Nq]; for head
@@ -87,6 +114,121 @@ struct DecodeTiles {
   }
 };
 
+// Bulk loader: issue tile rows [row0, row0 + BN) of one K/V head into the stage at sK / sV, completing
+// on the stage's mbarrier `bar`. Called by all 32 lanes of one warp (the issuing warp). Lane 0 arrives
+// with the tile's byte count first (the phase cannot complete before its one arrival), then every lane
+// copies rows lane, lane + 32, ...: one bulk copy per K row and one per V row, into the padded smem rows
+// (row stride KS / VS elements, so ldmatrix stays conflict-free). Rows >= Nk copy row Nk - 1: the bytes
+// are always BN * (D + DV) * 2 and the data is finite; the split kernel masks those keys (kv_idx >= Nk)
+// to -inf, so their P is 0 and P * V adds 0.
+template <class L, typename T>
+__device__ __forceinline__ void decode_bulk_tile(unsigned int sK, unsigned int sV, unsigned int bar, const T* gK,
+                                                 const T* gV, long long k_sn, long long v_sn, int row0, int Nk,
+                                                 int lane) {
+  static_assert(L::BULK, "decode_bulk_tile is the bulk loader's");
+  if (lane == 0) bulk_mbar_arrive_expect_tx<>(bar, L::kTileTxBytes);
+  __syncwarp();
+  const int last = Nk - 1;
+#pragma unroll
+  for (int i = 0; i < (L::BN + 31) / 32; ++i) {
+    const int r = i * 32 + lane;
+    if (L::BN % 32 == 0 || r < L::BN) {
+      const long long src = min(row0 + r, last);
+      bulk_copy_g2s<>(sK + r * L::KS * 2, gK + src * k_sn, L::kKRowBytes, bar);
+      bulk_copy_g2s<>(sV + r * L::VS * 2, gV + src * v_sn, L::kVRowBytes, bar);
+    }
+  }
+}
+
+// FOLD_COMBINE tail of a split CTA (num_splits > 1), after every thread wrote its partial O / LSE rows:
+// count this split in by the (b, h_kv, row block) counter; the last split to arrive merges the rows
+// [R0, R0 + nrows) of the group over all splits (decode_combine's arithmetic: LSE = m + log sum exp(lse_s
+// - m), O = sum_s exp(lse_s - LSE) O_s; no visible key in any split: O = 0, LSE = -inf) and resets the
+// counter. Memory order: each writer fences before the CTA barrier; thread 0 fences, increments and
+// fences again (release before, acquire after) before the barrier that tells the CTA it is last; the
+// partials are then read with ld.global.cg (L2, never a stale L1 line).
+template <class Cfg>
+__device__ __forceinline__ void decode_fold_tail(const AttnParams& p, const DecodeParams& dp, int b, int h0, int R0,
+                                                 int nrows) {
+  using L = DecodeLayout<Cfg>;
+  using T = ac_elem_t;
+  using Tr = ac_type_traits<T>;
+  constexpr int DV = L::DV;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int S = dp.num_splits;
+  const long long R = dp.total_rows;
+  int* counter = reinterpret_cast<int*>(p.workspace + (long long)S * R * (DV + 1)) +
+                 (blockIdx.y * gridDim.z + blockIdx.z);
+
+  __threadfence();  // this thread's partial stores, ordered before the barrier
+  __syncthreads();
+  int prev = 0;
+  if (tid == 0) {
+    __threadfence();  // release (cumulative over the CTA's stores seen through the barrier)
+    prev = atomicAdd(counter, 1);
+    __threadfence();  // acquire: the splits counted before us fenced their partials first
+  }
+  if (!__syncthreads_or(tid == 0 && prev == S - 1)) return;  // CTA-uniform
+  if (tid == 0) atomicExch(counter, 0);  // every split has counted: nothing else touches it this launch
+
+  const float* part_lse = p.workspace + (long long)S * R * DV;
+  for (int r = warp; r < nrows; r += L::W) {  // warp-uniform rows: the shuffles below see all 32 lanes
+    const int Rg = R0 + r;
+    const int h = h0 + Rg / p.Nq;
+    const int qi = Rg % p.Nq;
+    const long long row = ((long long)b * p.H + h) * p.Nq + qi;
+    float m = AC_NEG_INF;
+    for (int s = lane; s < S; s += 32) m = fmaxf(m, __ldcg(part_lse + (long long)s * R + row));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float sum = 0.f;
+    if (m != AC_NEG_INF) {
+      for (int s = lane; s < S; s += 32) sum += __expf(__ldcg(part_lse + (long long)s * R + row) - m);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const bool empty = !(m != AC_NEG_INF && sum > 0.f);
+    const float lse = empty ? AC_NEG_INF : m + __logf(sum);
+
+    T* gO = reinterpret_cast<T*>(p.o) + b * p.o_sb + (long long)h * p.o_sh + (long long)qi * p.o_sn;
+    const float* part_o = p.workspace + row * DV;
+    for (int cb = 0; cb < DV; cb += 128) {  // 4 columns per lane
+      const int c0 = cb + lane * 4;
+      const bool active = c0 < DV;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int s0 = 0; s0 < S; s0 += 32) {
+        // Lane u holds the weight of split s0 + u (0 past S, and for an empty row).
+        const int sl = s0 + lane;
+        const float w_lane = (sl < S && !empty) ? __expf(__ldcg(part_lse + (long long)sl * R + row) - lse) : 0.f;
+        const int cnt = min(32, S - s0);
+        for (int u0 = 0; u0 < cnt; u0 += 8) {
+          float4 x[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            x[u] = (active && u0 + u < cnt)
+                       ? __ldcg(reinterpret_cast<const float4*>(part_o + (long long)(s0 + u0 + u) * R * DV + c0))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const float wgt = __shfl_sync(0xffffffffu, w_lane, u0 + u);
+            acc.x += wgt * x[u].x; acc.y += wgt * x[u].y; acc.z += wgt * x[u].z; acc.w += wgt * x[u].w;
+          }
+        }
+      }
+      if (active) {
+        uint2 v;
+        v.x = Tr::pack2(acc.x, acc.y);
+        v.y = Tr::pack2(acc.z, acc.w);
+        *reinterpret_cast<uint2*>(gO + c0) = v;
+      }
+    }
+    if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuffers& buf, const DecodeParams& dp) {
   using L = DecodeLayout<Cfg>;
@@ -98,6 +240,10 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   const unsigned int smem0 = smem_u32(smem_raw);
   const unsigned int sK0 = smem0 + L::kQBytes;   // K of stage s: sK0 + s * kStageBytes
   const unsigned int sV0 = sK0 + L::kKBytes;     // V of stage s: sV0 + s * kStageBytes
+  const unsigned int bar0 = smem0 + L::kBarOffset;  // bulk loader: the mbarrier of stage s at bar0 + 8 * s
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900)
+  static_assert(!L::BULK, "loader 'bulk' needs sm_90+ (cp.async.bulk, mbarrier expect_tx / try_wait)");
+#endif
 
   const int split = blockIdx.x;
   const int b = blockIdx.y / p.H_kv;
@@ -124,6 +270,15 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
       cp_async_16_zfill(smem0 + (r * L::QS + cc * 8) * 2, src, valid ? 16 : 0);
     }
     cp_async_commit();
+  }
+  if constexpr (L::BULK) {
+    // One arrival (the issuing lane's expect_tx) per phase; visible to the bulk-copy unit before any
+    // copy completes on it, and to the other warps through the barrier before the K/V loop.
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < L::STAGES; ++s) bulk_mbar_init<>(bar0 + 8 * s, 1);
+      bulk_mbar_init_fence<>();
+    }
   }
 
   // This split's K/V blocks: the blocks meeting kv_range (union over the CTA's heads) cut into
@@ -157,18 +312,33 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   // K/V tiles (rows past Nk zero-filled) with the plan's L2 prefetch-size hint (Cfg::L2_HINT; 256 =
   // `.L2::256B`: each warp's 32 copies cover 512 contiguous bytes of a (B, H, N, d) K/V row run) and
   // FULL_BRANCH = false: one predicated copy loop, half the copy code inside the ring's loop.
+  // Bulk loader: warp 0 alone issues (and tracks j_load); the other warps only consume.
   int j_load = kv_next_block<BN, DecodeTiles>(my_begin, my_end, b, h0, R0, nrows, p, buf);
+  if constexpr (L::BULK) {
+    if (warp == 0) {
+      __syncwarp();  // lane 0's mbarrier.init and fence come before any lane's copy names a barrier
 #pragma unroll
-  for (int s = 0; s < L::STAGES - 1; ++s) {
-    if (j_load < my_end) {
-      const int rows = p.Nk - j_load * BN;
-      load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
-          sK0 + s * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
-      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
-          sV0 + s * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
-      j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      for (int s = 0; s < L::STAGES - 1; ++s) {
+        if (j_load < my_end) {
+          decode_bulk_tile<L>(sK0 + s * L::kStageBytes, sV0 + s * L::kStageBytes, bar0 + 8 * s, gK, gV, p.k_sn,
+                              p.v_sn, j_load * BN, p.Nk, lane);
+          j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+        }
+      }
     }
-    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int s = 0; s < L::STAGES - 1; ++s) {
+      if (j_load < my_end) {
+        const int rows = p.Nk - j_load * BN;
+        load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
+            sK0 + s * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
+        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
+            sV0 + s * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
+        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      }
+      cp_async_commit();
+    }
   }
 
   // Per-thread rows g and g + 8: their query head and query index (rows past the group reuse the
@@ -199,8 +369,12 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
       sV0 + ((warp * KW + (lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8) * 2;
 
   unsigned int q_frag[Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
-  cp_async_wait<L::STAGES - 1>();  // Q's group has landed
-  __syncthreads();
+  if constexpr (L::BULK) {
+    cp_async_wait<0>();  // Q's group (the only cp.async group) has landed
+  } else {
+    cp_async_wait<L::STAGES - 1>();  // Q's group has landed
+  }
+  __syncthreads();  // (bulk: also publishes the mbarriers' initialization to every warp)
   if constexpr (Cfg::Q_IN_REGS) {
 #pragma unroll
     for (int kk = 0; kk < L::KT_QK; ++kk) ldmatrix_x4(q_frag[kk], q_base + kk * 16 * 2);
@@ -209,25 +383,42 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   int j = kv_next_block<BN, DecodeTiles>(my_begin, my_end, b, h0, R0, nrows, p, buf);
   int stage = 0;                   // stage of tile j
   int load_stage = L::STAGES - 1;  // stage the next load goes to
+  unsigned int phases = 0;         // bulk: bit s = parity of the next phase of stage s's mbarrier
   while (j < my_end) {
     // Tile j has landed; every warp is done with the previous tile's stage, which the load below refills.
-    cp_async_wait<L::STAGES - 2>();
-    __syncthreads();
-    if (j_load < my_end) {
-      const int rows = p.Nk - j_load * BN;
-      load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
-          sK0 + load_stage * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
-      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
-          sV0 + load_stage * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
-      j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+    if constexpr (L::BULK) {
+      bulk_mbar_wait<>(bar0 + 8 * stage, (phases >> stage) & 1u);
+      phases ^= 1u << stage;
+      __syncthreads();
+      if (warp == 0 && j_load < my_end) {  // warp-uniform
+        // The stage's last readers (ldmatrix, generic proxy) are ordered before the refill (async
+        // proxy) by the barrier above and this fence.
+        bulk_fence_proxy_async_smem<>();
+        decode_bulk_tile<L>(sK0 + load_stage * L::kStageBytes, sV0 + load_stage * L::kStageBytes,
+                            bar0 + 8 * load_stage, gK, gV, p.k_sn, p.v_sn, j_load * BN, p.Nk, lane);
+        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      }
+    } else {
+      cp_async_wait<L::STAGES - 2>();
+      __syncthreads();
+      if (j_load < my_end) {
+        const int rows = p.Nk - j_load * BN;
+        load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
+            sK0 + load_stage * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
+        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
+            sV0 + load_stage * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
+        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
     load_stage = (load_stage + 1 == L::STAGES) ? 0 : load_stage + 1;
 
     const int kv0 = j * BN + warp * KW;  // this warp's first key
     const unsigned int soff = stage * L::kStageBytes;
     int tile = AC_TILE_FULL;
     if constexpr (Variant::kHasMask) tile = DecodeTiles::tile_class(b, h0, R0, nrows, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf);
+    // Every variant masks keys >= Nk of the last tile (zero-filled rows with cp_async, copies of row
+    // Nk - 1 with bulk): the Nk test below does not depend on the variant's mask.
     const bool need_mask = (tile != AC_TILE_FULL) || (j * BN + BN > p.Nk);
 
     // S = Q K^T for this warp's KW keys.
@@ -340,7 +531,9 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   }
 
   // Merge the warps' (m, l, O) through shared memory (aliasing the K/V stages: drain every copy first).
-  cp_async_wait<0>();
+  // Bulk: every issued tile was consumed (and its mbarrier waited on) by the loop, so no copy is in
+  // flight; the mbarriers lie past the stages and are not overwritten.
+  if constexpr (!L::BULK) cp_async_wait<0>();
   __syncthreads();
   float* sO = reinterpret_cast<float*>(smem_raw + L::kQBytes);  // [W][BM][OS]
   float* sM = sO + L::W * L::BM * L::OS;                         // [W][BM]
@@ -408,6 +601,9 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
       *reinterpret_cast<float4*>(wO + 4) = make_float4(o[4] * inv, o[5] * inv, o[6] * inv, o[7] * inv);
       if (c0 == 0) p.workspace[(long long)dp.num_splits * part_rows * DV + (long long)split * part_rows + row] = lse;
     }
+  }
+  if constexpr (Cfg::FOLD_COMBINE) {
+    if (!direct) decode_fold_tail<Cfg>(p, dp, b, h0, R0, nrows);
   }
 }
 

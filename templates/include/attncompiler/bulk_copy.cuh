@@ -1,0 +1,75 @@
+// attncompiler/bulk_copy.cuh -- sm_90+ non-tensor bulk copies (cp.async.bulk, global -> shared) that
+// complete on a shared-memory mbarrier, and the mbarrier operations they need.
+//
+// Used by the decode split kernel's "bulk" K/V loader (decode.cuh): one warp issues one bulk copy
+// per K row and per V row of a tile; every thread waits on the stage's mbarrier. Written from the
+// PTX ISA (cp.async.bulk, mbarrier, fence.proxy.async; PTX ISA 8.0, sm_90). Every function is a
+// template so that nothing here reaches the PTX of a translation unit that does not call it (the
+// header is included by decode.cuh for every target, sm_80 included).
+//
+// Rules a caller must follow (PTX ISA):
+//   * a bulk copy's global source and shared destination are 16-byte aligned and its size is a
+//     positive multiple of 16 bytes;
+//   * an mbarrier is 8 bytes, 8-byte aligned, in shared memory, initialized (bulk_mbar_init, one
+//     thread) and made visible to the async proxy (bulk_mbar_init_fence) before any copy signals it;
+//   * the phase a waiter names (parity 0, 1, 0, ...) is the one its copies complete: each stage's
+//     barrier completes one phase per fill (one expect_tx arrival + the copies' bytes).
+#pragma once
+
+namespace ac {
+
+// Barrier at the shared-state-space byte address `bar`, expecting `count` arrivals per phase.
+template <int = 0>
+__device__ __forceinline__ void bulk_mbar_init(unsigned int bar, unsigned int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// After the initializing thread's mbarrier.init: the async proxy (the bulk-copy unit) sees the
+// initialized state before it completes bytes on the barrier.
+template <int = 0>
+__device__ __forceinline__ void bulk_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Orders this thread's earlier generic-proxy accesses of shared memory (and those ordered before it
+// by a CTA barrier) before its later async-proxy operations on shared memory.
+template <int = 0>
+__device__ __forceinline__ void bulk_fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// One arrival on `bar` that also raises the barrier's pending transaction count by `bytes`: the
+// current phase then completes when the bulk copies naming this barrier have written those bytes.
+template <int = 0>
+__device__ __forceinline__ void bulk_mbar_arrive_expect_tx(unsigned int bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// Spin until the phase of `bar` with parity `parity` has completed (try_wait suspends the thread for
+// a hardware-chosen time between polls). The copies' shared-memory writes are visible to this
+// thread afterwards.
+template <int = 0>
+__device__ __forceinline__ void bulk_mbar_wait(unsigned int bar, unsigned int parity) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p_done;\n"
+      "BULK_WAIT_%=:\n"
+      "  mbarrier.try_wait.parity.shared::cta.b64 p_done, [%0], %1;\n"
+      "  @!p_done bra BULK_WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// `bytes` (multiple of 16) from global `src` to the shared-state-space byte address `dst` (both
+// 16-byte aligned); the write completes `bytes` transactions on the barrier `bar`. The executing
+// CTA's shared::cta addresses are valid shared::cluster addresses of itself (no cluster needed).
+template <int = 0>
+__device__ __forceinline__ void bulk_copy_g2s(unsigned int dst, const void* src, unsigned int bytes, unsigned int bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+}  // namespace ac
