@@ -144,14 +144,15 @@ def test_cli_plan_decode(capsys):
 
 # ---- plan options: fold_combine (merge in the split kernel) and loader (cp_async / bulk) ----------------------
 
-def test_options_default_off():
+def test_options_defaults():
+    """Measured defaults (plan/decode.py): cp.async loader, the combine folded into the split kernel."""
     p = pd.plan_decode(ProblemDims(128), "sm_90")
-    assert (p.fold_combine, p.loader, p.l2_hint) == (False, "cp_async", pd.DECODE_L2_HINT)
+    assert (p.fold_combine, p.loader, p.l2_hint) == (True, "cp_async", pd.DECODE_L2_HINT)
     text = p.describe()
     assert "K/V loader: cp_async: 3-stage cp.async ring" in text and "L2::256B hint" in text
-    assert "combine: separate kernel, 4 rows per CTA" in text
+    assert "combine: folded into the split kernel" in text
     assert any(r.startswith("loader cp_async: 16-byte cp.async") for r in p.reasons)
-    assert any(r.startswith("combine kernel: ") for r in p.reasons)
+    assert any(r.startswith("fold_combine: ") for r in p.reasons)
 
 
 def test_options_accepted_and_explained():
@@ -167,7 +168,7 @@ def test_options_accepted_and_explained():
     assert p.smem_bytes == pd.decode_smem_bytes(128, 128, 64, 3) + 32 == pd.decode_smem_bytes(128, 128, 64, 3, "bulk")
     assert (p.stages, p.ctas_per_sm) == (3, 2)
     # each option alone, and fold_combine on sm_80 (it needs nothing beyond the split kernel)
-    assert pd.plan_decode(ProblemDims(128), "sm_90", loader="bulk").fold_combine is False
+    assert pd.plan_decode(ProblemDims(128), "sm_90", loader="bulk").fold_combine is pd.DECODE_FOLD_COMBINE
     f80 = pd.plan_decode(ProblemDims(128), "sm_80", fold_combine=True)
     assert f80.fold_combine and f80.loader == "cp_async" and f80.smem_bytes == pd.decode_smem_bytes(128, 128, 64, 2)
     assert pd.plan_decode(ProblemDims(64), "sm_100", loader="bulk").loader == "bulk"
@@ -192,7 +193,7 @@ def test_options_rejected_with_reason():
 
 def test_workspace_with_counters():
     dims = AttnInputs(1, 32, 8, 2, 32768, 128, 128)
-    plain = pd.plan_decode(ProblemDims(128), "sm_90")
+    plain = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=False)
     fold = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=True)
     c = pd.choose_splits(fold, B=1, H=32, H_kv=8, Nq=2, Nk=32768)
     assert c.num_splits > 1 and c.row_blocks == 1  # 4 heads x 2 queries = 8 rows
@@ -271,7 +272,7 @@ def test_bulk_launch_checks_alignment(monkeypatch):
 
 
 def test_render_options_and_cache_key():
-    default = _render(presets.causal(128))
+    default = _render(presets.causal(128), fold_combine=False)
     assert "BULK_LOADER = false" in default.source and "FOLD_COMBINE = false" in default.source
     both = _render(presets.causal(128), fold_combine=True, loader="bulk")
     assert "BULK_LOADER = true" in both.source and "FOLD_COMBINE = true" in both.source
@@ -280,7 +281,7 @@ def test_render_options_and_cache_key():
     assert f"kSmemBytes == {both.plan.smem_bytes}" in both.source
     # a compiled kernel is identified by its source (NVRTC / disk caches) and compile()'s plan options
     spec = presets.causal(128)
-    k0 = ac.compile(spec, "decode", target="sm_90", build=False)
+    k0 = ac.compile(spec, "decode", target="sm_90", build=False, fold_combine=False)
     kf = ac.compile(spec, "decode", target="sm_90", build=False, fold_combine=True)
     kb = ac.compile(spec, "decode", target="sm_90", build=False, loader="bulk")
     assert len({k0.source, kf.source, kb.source}) == 3

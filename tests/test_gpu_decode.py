@@ -165,7 +165,8 @@ def test_decode_side_stream():
 # ---- plan options: fold_combine (the split kernel merges) and loader="bulk" (cp.async.bulk K/V ring) --------
 
 _OPTIONS = {"fold": dict(fold_combine=True), "bulk": dict(loader="bulk"),
-            "fold+bulk": dict(fold_combine=True, loader="bulk")}
+            "fold+bulk": dict(fold_combine=True, loader="bulk"),
+            "separate_combine": dict(fold_combine=False)}  # the combine kernel (fold_combine is the default)
 _OPT_SHAPES = ((1, 32, 8), (2, 4, 4))
 _OPT_NKS = (1023, 4097, 32768)
 

@@ -69,10 +69,15 @@ DECODE_COMBINE_WARPS = 4
 DECODE_Q_IN_REGS_MAX = 128
 #: K/V loaders of the ring: 16-byte cp.async from every thread, or (sm_90+) one cp.async.bulk per K / V row
 DECODE_LOADERS = ("cp_async", "bulk")
-#: the default loader (measured: ~4.2 TB/s at B=8, H=H_kv=32, 32k-128k keys on an H200)
+#: the default loader.  Measured on an H100 (2026-11-21, bf16, d=128, Nq=1, CUDA-graph replays,
+#: benchmarks/decode_sweep.py --options): the bulk loader (one 256-byte cp.async.bulk per K / V row) streams
+#: at 2.0 TB/s against cp.async's 2.9-3.0 TB/s at (8, 32, 32, 32k-128k) -- 0.66x -- and 0.75x at
+#: (1, 32, 8, 32k): per-row bulk requests are too small for the TMA unit, so cp.async stays
 DECODE_LOADER = "cp_async"
-#: the default for merging the splits inside the split kernel (off: a separate combine launch)
-DECODE_FOLD_COMBINE = False
+#: the default for merging the splits inside the split kernel (the last split CTA of a unit merges: one
+#: launch, no combine kernel).  Measured on an H100 (same run): (1, 32, 8, 32k), 31 splits: 71.1 -> 68.5 us
+#: (SDPA 63.8); (4, 32, 8, 64k), 8 splits: 383.6 -> 382.8; one-split shapes unchanged
+DECODE_FOLD_COMBINE = True
 #: registers besides O, Q and S fragments (addresses, row statistics, loop state): ptxas reported 181-183 at
 #: D = DV = 128 and 118 at 64 (sm_80 and sm_90a, nvcc 13.0), which this bounds from above
 _REG_OVERHEAD = 80
