@@ -200,12 +200,24 @@ def cuda_classes_match_python(source: str, work: Sequence[tuple[int, ...]], tmp:
     return [int(g) for g in out]
 
 
-def nvcc_compile(source: str, tmp: Path) -> None:
-    """``source`` (device functions and a kernel) after DEVICE_PRELUDE compiles as device code for sm_80
+def nvcc_compile(source: str, tmp: Path, prelude: str = DEVICE_PRELUDE) -> None:
+    """``source`` (device functions and a kernel) after ``prelude`` compiles as device code for sm_80
     against the real common.cuh, every warning an error (no GPU needed)."""
     src = tmp / "k.cu"
-    src.write_text(DEVICE_PRELUDE + source)
+    src.write_text(prelude + source)
     res = subprocess.run([NVCC, "-arch=sm_80", "-std=c++17", "-Werror", "all-warnings", "-I",
                           str(ROOT / "templates/include"), "-c", str(src), "-o", str(tmp / "k.o")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:]
+
+
+def nvcc_compile_classifiers(bodies: list[str], tmp: Path, prelude: str = DEVICE_PRELUDE) -> None:
+    """Emitted tile_class bodies, each as a device function called from one kernel, compile with
+    :func:`nvcc_compile`."""
+    fns = "".join(
+        f"static __device__ __forceinline__ int tc{i}(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi,"
+        f" const AttnParams& p, const AttnBuffers& buf) {{\n{body}\n}}\n"
+        for i, body in enumerate(bodies))
+    calls = "".join(f"  c += tc{i}(t & 1, t & 3, t, t + 63, 2 * t, 2 * t + 63, p, buf);\n" for i in range(len(bodies)))
+    nvcc_compile(fns + 'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
+                 "  const int t = threadIdx.x;\n  int c = 0;\n" + calls + "  out[t] = c;\n}\n", tmp, prelude)

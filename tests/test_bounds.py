@@ -25,7 +25,7 @@ from attncompiler.spec.symbols import B, H, KV_LEN, Q_LEN
 from _bruteforce import (  # shared with test_ranges.py
     DOC_BUF, GXX, KV, NVCC, PRELUDE, Q, M, batch_window, bottom_right, capped, causal, chunked, chunked_causal,
     combined, cuda_classes_match_python, diag_mod, document, float_mask, half, head_causal, head_shift,
-    nvcc_compile, prefix, rational, sliding, sliding_br, small, striped, sym_window,
+    nvcc_compile_classifiers, prefix, rational, sliding, sliding_br, small, striped, sym_window,
 )
 
 DOC = [(i * 7) // 45 for i in range(1000)]  # the first 1000 of document()'s ids, as buffer values
@@ -242,14 +242,7 @@ def test_cuda_text_causal() -> None:
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_cuda_emission_compiles_with_nvcc(tmp_path: Path) -> None:
     """The bodies compile as device code against the real common.cuh (no GPU needed)."""
-    fns = "".join(
-        f"static __device__ __forceinline__ int tc{i}(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi,"
-        f" const AttnParams& p, const AttnBuffers& buf) {{\n{tile_classifier(m).to_cuda()}\n}}\n"
-        for i, m in enumerate(CUDA_MASKS))
-    calls = "".join(f"  c += tc{i}(t & 1, t & 3, t, t + 63, 2 * t, 2 * t + 63, p, buf);\n"
-                    for i in range(len(CUDA_MASKS)))
-    nvcc_compile(fns + 'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
-                 "  const int t = threadIdx.x;\n  int c = 0;\n" + calls + "  out[t] = c;\n}\n", tmp_path)
+    nvcc_compile_classifiers([tile_classifier(m).to_cuda() for m in CUDA_MASKS], tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ The tile soundness property over random buffers lives in tests/test_bounds.py.
 from __future__ import annotations
 
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from attncompiler.simulate import TileSchedule, simulate, tile_classes
 from attncompiler.spec import presets
 from attncompiler.spec.symbols import B, H, KV_IDX, KV_LEN, Q_IDX, Q_LEN
 from _bruteforce import (  # shared with test_bounds.py
-    GXX, HOST_PRELUDE, NVCC, ROOT, cuda_classes_match_python,
+    GXX, HOST_PRELUDE, NVCC, cuda_classes_match_python, nvcc_compile_classifiers,
 )
 
 Q, KV = Q_IDX, KV_IDX
@@ -238,21 +237,9 @@ def test_cuda_reads_match_python(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_cuda_reads_compile_with_nvcc(tmp_path: Path) -> None:
-    fns = "".join(
-        f"static __device__ __forceinline__ int tc{i}(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi,"
-        f" const AttnParams& p, const AttnBuffers& buf) {{\n{tile_classifier(m, INFOS).to_cuda()}\n}}\n"
-        for i, m in enumerate(CUDA_MASKS))
-    calls = "".join(f"  c += tc{i}(t & 1, t & 3, t, t + 63, 2 * t, 2 * t + 63, p, buf);\n"
-                    for i in range(len(CUDA_MASKS)))
-    src = tmp_path / "k.cu"
-    src.write_text('#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n' +
-                   c_struct("AttnBuffers", buffer_fields(INFOS)) + "\n" + fns +
-                   'extern "C" __global__ void k(const AttnParams p, const AttnBuffers buf, int* out) {\n'
-                   "  const int t = threadIdx.x;\n  int c = 0;\n" + calls + "  out[t] = c;\n}\n")
-    res = subprocess.run([NVCC, "-arch=sm_80", "-std=c++17", "-Werror", "all-warnings", "-I",
-                          str(ROOT / "templates/include"), "-c", str(src), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:]
+    prelude = ('#include "attncompiler/common.cuh"\nstruct AttnParams { int Nq, Nk; };\n' +
+               c_struct("AttnBuffers", buffer_fields(INFOS)) + "\n")
+    nvcc_compile_classifiers([tile_classifier(m, INFOS).to_cuda() for m in CUDA_MASKS], tmp_path, prelude)
 
 
 # ---------------------------------------------------------------------------------------------
