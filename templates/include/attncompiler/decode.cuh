@@ -314,6 +314,19 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   // FULL_BRANCH = false: one predicated copy loop, half the copy code inside the ring's loop.
   // Bulk loader: warp 0 alone issues (and tracks j_load); the other warps only consume.
   int j_load = kv_next_block<BN, DecodeTiles>(my_begin, my_end, b, h0, R0, nrows, p, buf);
+  // cp.async loader: K/V of block j_load into stage st (if any is left), the next visited block, one
+  // commit group (empty past the end, which keeps the group count)
+  auto load_next_cp_async = [&](int st) {
+    if (j_load < my_end) {
+      const int rows = p.Nk - j_load * BN;
+      load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
+          sK0 + st * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
+      load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
+          sV0 + st * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
+      j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+    }
+    cp_async_commit();
+  };
   if constexpr (L::BULK) {
     if (warp == 0) {
       __syncwarp();  // lane 0's mbarrier.init and fence come before any lane's copy names a barrier
@@ -329,15 +342,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   } else {
 #pragma unroll
     for (int s = 0; s < L::STAGES - 1; ++s) {
-      if (j_load < my_end) {
-        const int rows = p.Nk - j_load * BN;
-        load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
-            sK0 + s * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
-        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
-            sV0 + s * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
-        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
-      }
-      cp_async_commit();
+      load_next_cp_async(s);
     }
   }
 
@@ -401,15 +406,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     } else {
       cp_async_wait<L::STAGES - 2>();
       __syncthreads();
-      if (j_load < my_end) {
-        const int rows = p.Nk - j_load * BN;
-        load_tile_rows_async<BN, D, L::KS, L::NTHREADS, Cfg::L2_HINT, false>(
-            sK0 + load_stage * L::kStageBytes, gK + (long long)j_load * BN * p.k_sn, p.k_sn, rows, tid);
-        load_tile_rows_async<BN, DV, L::VS, L::NTHREADS, Cfg::L2_HINT, false>(
-            sV0 + load_stage * L::kStageBytes, gV + (long long)j_load * BN * p.v_sn, p.v_sn, rows, tid);
-        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
-      }
-      cp_async_commit();
+      load_next_cp_async(load_stage);
     }
     load_stage = (load_stage + 1 == L::STAGES) ? 0 : load_stage + 1;
 
