@@ -12,6 +12,8 @@ for byte, so cached forward kernels stay valid).
 """
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from ..ir.bounds import tile_classifier
@@ -67,6 +69,7 @@ def _score_log2_expr(ir: AttentionIR) -> str:
     return _log2_printer(ir).print(_score_log2_sympy(ir), "float")
 
 
+@functools.lru_cache(maxsize=256)
 def score_form_of(ir: AttentionIR) -> ScoreForm:
     """The factor / separable form (:mod:`attncompiler.ir.scoreform`) of the kernels' softmax input
     ``log2(e) * score_mod(acc * p.scale)``; without a score_mod: ``acc * p.scale * log2(e)``."""

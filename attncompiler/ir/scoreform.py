@@ -74,7 +74,7 @@ def score_form(expr: sympy.Expr, acc: sympy.Symbol) -> ScoreForm:
     for term in sympy.Add.make_args(sympy.expand_mul(expr)):
         fs = term.free_symbols
         if acc in fs:
-            c = sympy.simplify(term / acc)
+            c = term / acc  # a product with acc as a factor cancels it exactly; anything else keeps acc
             if c.free_symbols & {acc, Q_IDX, KV_IDX}:
                 return generic
             coef += c
