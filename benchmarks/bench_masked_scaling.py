@@ -1,7 +1,10 @@
-"""Masked work scales with visible work: v2 sliding window 1024 vs full attention at N = 16k (GPU).
+"""Masked work scales with visible work: sliding window 1024 vs full attention at N = 16k (GPU).
 
     PYTHONPATH=. python3 benchmarks/bench_masked_scaling.py [--n 16384] [--window 1024] [--tuned]
-        [--plans 128x64w4s2,64x64w4s2] [--diag]
+        [--schedule v2|v3] [--plans 128x64w4s2,64x64w4s2 | --plans block_n=128:persistent=true,...] [--diag]
+
+``--schedule`` (default v2) picks the forward schedule timed; with v3 the ``--plans`` are plan_v3
+options as ``option=value`` pairs joined by ``:``.
 
 bf16, d = 128, B = 1, H = 16.  The issue's criterion: t(window) / t(full) <= 1.3 x the visible
 fraction (visible (q, k) pairs / N^2).  Also printed: the fraction of the score matrix in tiles the
@@ -36,7 +39,16 @@ def visible_fraction(n: int, window: int) -> float:
 
 
 def parse_plan(text: str) -> dict:
-    """``128x64w4s2`` (``q`` suffix: Q in registers) -> v2 plan options."""
+    """``128x64w4s2`` (``q`` suffix: Q in registers) -> v2 plan options; ``block_n=128:persistent=true``
+    (``option=value`` pairs joined by ``:``) -> v3 (or any schedule's) plan options as given."""
+    if "=" in text:
+        opts: dict = {}
+        for item in text.strip().split(":"):
+            key, _, val = item.partition("=")
+            if not key or not val:
+                raise argparse.ArgumentTypeError(f"plan: expected option=value pairs joined by ':', got {text!r}")
+            opts[key] = val == "true" if val in ("true", "false") else int(val)
+        return opts
     m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(q?)", text.strip())
     if m is None:
         raise argparse.ArgumentTypeError(f"plan: expected BMxBNwWsS[q] like 128x64w4s2, got {text!r}")
@@ -63,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", type=lambda t: [parse_plan(x) for x in t.split(",") if x], default=[],
                     help="also time the window with these v2 plans, e.g. 128x64w4s2,64x64w4s2")
     ap.add_argument("--diag", action="store_true", help="also time the dense short-loop and causal references")
+    ap.add_argument("--schedule", default="v2", choices=("v2", "v3"),
+                    help="the forward schedule timed (v3: sm_90 only; --plans then take option=value pairs)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_masked_scaling: expected a CUDA GPU, got none", file=sys.stderr)
@@ -73,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
             for _ in range(3)]
     out = torch.empty(B, H, N, d, device="cuda", dtype=torch.bfloat16)
-    print(f"# {torch.cuda.get_device_name()}: v2 forward, bf16, B={B} H={H} N={N} d={d}", flush=True)
+    sched = args.schedule
+    print(f"# {torch.cuda.get_device_name()}: {sched} forward, bf16, B={B} H={H} N={N} d={d}", flush=True)
     res: dict[str, dict] = {}
 
     def run(name: str, kern, nk: int = N, show_io: bool = False) -> dict | None:
@@ -86,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         rep = io_report(kern.plan, B, H, N, nk, mask=kern.ir.mask_expr)
         p = kern.plan
         r = res[name] = dict(ms=ms, plan=f"{p.block_m}x{p.block_n} w{p.num_warps} S{getattr(p, 'stages', 1)}"
-                             f"{' q' if getattr(p, 'q_in_regs', False) else ''}", nk=nk,
+                             f"{' q' if getattr(p, 'q_in_regs', False) else ''}"
+                             f"{' persistent' if getattr(p, 'persistent', False) else ''}", nk=nk,
                              bytes=rep.schedule_bytes, flops=rep.flops, gbps=rep.schedule_bytes / ms / 1e6,
                              tflops=rep.flops / ms / 1e9, tile_fraction=rep.flops / (4 * B * H * N * N * d))
         print(f"{name:>22}: {ms:8.3f} ms  plan {r['plan']:<14} {r['tflops']:6.1f} TFLOP/s (visited "
@@ -96,30 +112,31 @@ def main(argv: list[str] | None = None) -> int:
         return r
 
     for name, spec in specs.items():
-        if args.tuned:  # v2 plans only (schedule "auto" would also measure v3 on an sm_90)
-            tuned = autotune(spec, (B, H, N, d), schedule="v2", max_candidates=8)
-        kern = ac.compile(spec, "v2", **tuned.options) if args.tuned else ac.compile(spec, "v2")
+        if args.tuned:  # plans of the timed schedule only
+            tuned = autotune(spec, (B, H, N, d), schedule=sched, max_candidates=8)
+        kern = ac.compile(spec, sched, **tuned.options) if args.tuned else ac.compile(spec, sched)
         if run(name, kern, show_io=name != "full") is None:
             return 1
     wname = f"window {args.window}"
     full, win = res["full"], res[wname]
     frac = visible_fraction(N, args.window)
     for opts in args.plans:
-        tag = (f"{opts['block_m']}x{opts['block_n']}w{opts['num_warps']}s{opts['stages']}"
+        tag = (":".join(f"{k}={v}" for k, v in opts.items()) if "q_in_regs" not in opts else
+               f"{opts['block_m']}x{opts['block_n']}w{opts['num_warps']}s{opts['stages']}"
                f"{'q' if opts['q_in_regs'] else ''}")
         try:
-            kern = ac.compile(specs[wname], "v2", **opts)
+            kern = ac.compile(specs[wname], sched, **opts)
         except Exception as e:  # an infeasible plan (registers, shared memory): say so, go on
             print(f"{wname} [{tag}]: not compiled: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
             continue
         if run(f"{wname} [{tag}]", kern) is None:
             return 1
     if args.diag:
-        wplan = ac.compile(specs[wname], "v2").plan
+        wplan = ac.compile(specs[wname], sched).plan
         nk = min(N, wplan.block_m + args.window)
         dname = f"full Nk={nk} (dense)"
-        run(dname, ac.compile(specs["full"], "v2"), nk=nk)
-        run("causal", ac.compile(presets.causal(d), "v2"))
+        run(dname, ac.compile(specs["full"], sched), nk=nk)
+        run("causal", ac.compile(presets.causal(d), sched))
         dense = res[dname]
         print(f"\nshort-loop reference: full attention over Nk = BLOCK_M + window = {nk} keys (every CTA: "
               f"{-(-nk // wplan.block_n)} FULL tiles, no mask): {dense['ms']:.3f} ms = "
