@@ -49,6 +49,23 @@ def graph_ms(do_bench, fn) -> float:
     return do_bench(g.replay, warmup=25, rep=200, return_mode="median")
 
 
+def graph_batch_ms(do_bench, fns, calls: int = 20) -> float:
+    """Median ms per call of a CUDA graph holding ``calls`` back-to-back calls (cycling over ``fns``, one
+    per K/V set): the GPU time of a call in a stream of calls, with the graph's launch latency (several
+    us, paid once per replay) spread over ``calls``."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    return do_bench(g.replay, warmup=10, rep=200, return_mode="median") / calls
+
+
 def host_us(fn, n: int = 200) -> float:
     """Host microseconds per call of ``fn`` (no synchronization inside the loop)."""
     import time
@@ -115,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
             rec["ours_ms"] = ms
             rec["ours_graph_ms"] = graph_ms(do_bench, lambda: kern(q, k, v))
             rec["ours_host_us"] = host_us(lambda: kern(q, k, v))
+            # a stream of calls over two K/V sets (each larger than L2 from 32k on)
+            k2, v2 = torch.randn_like(k), torch.randn_like(v)
+            rec["ours_batch_ms"] = graph_batch_ms(do_bench, [lambda: kern(q, k, v), lambda: kern(q, k2, v2)])
+            rec["sdpa_batch_ms"] = graph_batch_ms(do_bench, [
+                lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa),
+                lambda: F.scaled_dot_product_attention(q, k2, v2, enable_gqa=gqa)])
+            del k2, v2
             ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
             rec["sdpa_backend"] = sdpa_backend_name(q, k, v)
             rec["max_abs_diff_vs_sdpa"] = float((out.float() - ref.float()).abs().max())
@@ -132,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             rec["pct_copy_bw"] = 100 * rec["ours_bw"] / bw_copy
             rec["ours_graph_bw"] = nbytes / (rec["ours_graph_ms"] * 1e-3)
             rec["pct_copy_bw_graph"] = 100 * rec["ours_graph_bw"] / bw_copy
+            rec["pct_copy_bw_batch"] = 100 * nbytes / (rec["ours_batch_ms"] * 1e-3) / bw_copy
             log.add(**rec)
             del q, k, v, out, ref
             torch.cuda.empty_cache()
@@ -144,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['B']:>2} {r['H']:>3} {r['H_kv']:>3} {r['Nk']:>7} {r['splits']:>6} {g * 1e3:>8.1f} "
               f"{r['ours_graph_bw'] / 1e12:>6.2f} {r['pct_copy_bw_graph']:>6.1f} {r['sdpa_graph_ms'] * 1e3:>8.1f} "
               f"{r['sdpa_graph_ms'] / g:>7.2f} {r['ours_host_us']:>7.1f}")
+    print(f"\nstreams of 20 calls in one CUDA graph (per call; two K/V sets alternating)")
+    print(f"{'B':>2} {'H':>3} {'Hkv':>3} {'Nk':>7} {'splits':>6} {'ours us':>8} {'%copy':>6} {'sdpa us':>8} {'x sdpa':>7}")
+    for r in rows:
+        print(f"{r['B']:>2} {r['H']:>3} {r['H_kv']:>3} {r['Nk']:>7} {r['splits']:>6} {r['ours_batch_ms'] * 1e3:>8.1f} "
+              f"{r['pct_copy_bw_batch']:>6.1f} {r['sdpa_batch_ms'] * 1e3:>8.1f} "
+              f"{r['sdpa_batch_ms'] / r['ours_batch_ms']:>7.2f}")
     print(f"\neager calls (do_bench of the Python call; includes the host launch path)")
     print(f"{'B':>2} {'H':>3} {'Hkv':>3} {'Nk':>7} {'splits':>6} {'ours us':>8} {'TB/s':>6} {'%copy':>6} "
           f"{'sdpa us':>8} {'backend':>18} {'x sdpa':>7} {'flex us':>8} {'x flex':>7}")
