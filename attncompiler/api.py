@@ -23,7 +23,6 @@ from .spec.spec import AttentionSpec
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
 
 _MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_SMEM_CARVEOUT_ATTR = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (percent of the unified L1/smem)
 
 
 @dataclass(eq=False)
@@ -87,9 +86,6 @@ class CompiledAttention:
 
                     with Device(idx):
                         driver.funcSetAttribute(k.ptr, _MAX_DYNAMIC_SMEM_ATTR, self.kernel_source.smem_bytes)
-                        if getattr(self.kernel_source.plan, "ctas_per_sm", 1) > 1:
-                            # the plan counts on several resident CTAs: ask for the whole carveout
-                            driver.funcSetAttribute(k.ptr, _SMEM_CARVEOUT_ATTR, 100)
                 self._loaded[idx] = k
             return k
 

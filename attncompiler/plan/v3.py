@@ -37,12 +37,6 @@ WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer
 CONSUMER_WGS = 2             # two consumers: ping-pong (one softmax under the other's GEMMs)
 PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addresses and counters
 CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
-REGISTERS_PER_SM = 65536     # the register file a CTA's setmaxnreg budget is carved from (over its CTAs/SM)
-SETMAXNREG_MAX = 256         # setmaxnreg takes multiples of 8 in [24, 256]
-# One consumer warpgroup (BLOCK_M = 64, no ping-pong) runs two CTAs per SM when their shared memory fits:
-# the two CTAs' GEMMs and softmaxes interleave like the ping-pong's, and one's prologue / epilogue runs
-# under the other's main loop (short K/V loops: sliding windows).  Not the default (see plan_v3).
-MAX_CTAS_PER_SM_ONE_CONSUMER = 2
 SWIZZLE_BYTES = 128          # TMA SWIZZLE_128B: inner box dim <= 128 bytes = 64 16-bit elements
 SMEM_ALIGN_SLACK = 1024      # the 128-byte swizzle needs 1024-byte aligned tiles; dynamic smem is 16
 MBARRIER_BYTES = 8
@@ -65,7 +59,7 @@ PREFERRED_BLOCK_N_MASKED = 176
 PREFERRED_BLOCK_N_SEPARABLE = {64: 160, 128: 144}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m / num_warps only at their fixed values)
-V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "consumers")
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly")
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -87,18 +81,14 @@ class V3Plan(Plan):
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
-        opts: dict[str, Any] = {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
-                                "exp2_poly": self.exp2_poly}
-        if self.consumers != CONSUMER_WGS:
-            opts["consumers"] = self.consumers
-        return opts
+        return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
+                "exp2_poly": self.exp2_poly}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
             f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
-            f"{self.consumers} consumer warpgroup(s) (wgmma, setmaxnreg {self.consumer_regs}); "
-            f"{self.stages} K/V stages; {self.ctas_per_sm} CTA(s)/SM; "
-            f"{'persistent grid (CTAs/SM x SMs CTAs)' if self.persistent else 'one CTA per tile'}",
+            f"{self.consumers} consumer warpgroups (wgmma, setmaxnreg {self.consumer_regs}); "
+            f"{self.stages} K/V stages; {'persistent grid (one CTA per SM)' if self.persistent else 'one CTA per tile'}",
             f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
@@ -107,14 +97,6 @@ def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: 
     """Q tile + STAGES x (K + V) tiles + mbarriers + the 1024-byte alignment slack (as V3Layout)."""
     n_bars = 2 + 4 * stages
     return SMEM_ALIGN_SLACK + eb * (block_m * d + stages * block_n * (d + dv)) + MBARRIER_BYTES * n_bars
-
-
-def v3_setmaxnreg(consumers: int, ctas_per_sm: int) -> tuple[int, int]:
-    """(producer, consumer) setmaxnreg counts: the producer keeps :data:`PRODUCER_REGS`, the consumers share
-    the rest of the CTA's part of the register file (multiples of 8, at most :data:`CONSUMER_REGS`)."""
-    per_cta = REGISTERS_PER_SM // ctas_per_sm
-    consumer = min(CONSUMER_REGS, (per_cta - PRODUCER_REGS * 128) // (128 * consumers) // 8 * 8)
-    return PRODUCER_REGS, consumer
 
 
 def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
@@ -149,29 +131,20 @@ def _separable_score_mod(ir_or_dims: Any) -> bool:
 
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
-            persistent: bool | None = None, exp2_poly: int | None = None,
-            consumers: int | None = None) -> V3Plan:
-    """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
-
-    ``consumers`` (default :data:`CONSUMER_WGS` = 2, ping-pong): 1 gives BLOCK_M = 64 and, where shared
-    memory allows, :data:`MAX_CTAS_PER_SM_ONE_CONSUMER` CTAs per SM (``block_m=64`` asks the same)."""
+            persistent: bool | None = None, exp2_poly: int | None = None) -> V3Plan:
+    """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
     if (t.major, t.minor) != (9, 0):
         raise PlanError(f"v3 needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only); "
                         f"use schedule='v2' there")
     d, dv, eb = dims.head_dim, dims.head_dim_v, elem_bytes(dims.dtype)
-    if consumers is not None and (isinstance(consumers, bool) or consumers not in (1, 2)):
-        raise PlanError(f"v3: expected consumers 1 or 2 (consumer warpgroups of 64 query rows), got {consumers!r}")
-    if consumers is None and block_m in (64, 128):
-        consumers = block_m // WGMMA_M
-    nc = CONSUMER_WGS if consumers is None else consumers
-    bm = WGMMA_M * nc
+    bm = WGMMA_M * CONSUMER_WGS
     if block_m is not None and block_m != bm:
-        raise PlanError(f"v3: expected block_m={bm} (64 rows per consumer warpgroup x {nc}), got {block_m}")
-    nw = 4 * (nc + 1)
+        raise PlanError(f"v3: expected block_m={bm} (64 rows per consumer warpgroup x {CONSUMER_WGS}), got {block_m}")
+    nw = 4 * (CONSUMER_WGS + 1)
     if num_warps is not None and num_warps != nw:
-        raise PlanError(f"v3: expected num_warps={nw} (1 producer + {nc} consumer warpgroups), "
+        raise PlanError(f"v3: expected num_warps={nw} (1 producer + {CONSUMER_WGS} consumer warpgroups), "
                         f"got {num_warps}")
     cols = SWIZZLE_BYTES // eb
     bad = [f"{label}={x}" for label, x in (("head_dim", d), ("head_dim_v", dv)) if x % cols or x > 256]
@@ -206,27 +179,14 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         if regs["total"] > CONSUMER_REGS:
             rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {CONSUMER_REGS}")
             continue
-        if nc == 1:  # two CTAs per SM: their shared memory and the consumers' registers must fit twice
-            per_sm = t.smem_per_sm // MAX_CTAS_PER_SM_ONE_CONSUMER - t.smem_reserved_per_block
-            two = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb) <= per_sm]
-            creg2 = v3_setmaxnreg(nc, MAX_CTAS_PER_SM_ONE_CONSUMER)[1]
-            if two and regs["total"] <= creg2:
-                stage_choices_bn = two
-            else:
-                stage_choices_bn = stage_choices
-                why = (f"~{regs['total']} registers > {creg2}" if two else
-                       f"smem {v3_smem_bytes(bm, bn, d, dv, stage_choices[-1], eb)} B > {per_sm} B")
-                rejected.append(f"2 CTAs/SM at BLOCK_N={bn}: {why} (one CTA per SM instead)")
-        else:
-            stage_choices_bn = stage_choices
-        fits = [st for st in stage_choices_bn if v3_smem_bytes(bm, bn, d, dv, st, eb) <= limit]
+        fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb) <= limit]
         if not fits:
             st = stage_choices[-1]
             rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb)} B with {st} stage(s) > "
                             f"{limit} B per block")
             continue
         st = fits[0]
-        if stages is None and st < MAX_STAGES and stage_choices_bn is stage_choices:
+        if stages is None and st < MAX_STAGES:
             more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb)
             rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B per block")
         chosen = (bn, v3_smem_bytes(bm, bn, d, dv, st, eb), regs, st)
@@ -234,31 +194,25 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if chosen is None:
         raise PlanError(f"no feasible v3 plan on {t.name} (D={d}, DV={dv}, stages={stages}): " + "; ".join(rejected))
     bn, smem, regs, st = chosen
-    ctas = 1
-    if nc == 1 and MAX_CTAS_PER_SM_ONE_CONSUMER * (smem + t.smem_reserved_per_block) <= t.smem_per_sm:
-        ctas = MAX_CTAS_PER_SM_ONE_CONSUMER
-    preg, creg = v3_setmaxnreg(nc, ctas)
     reasons = [
         f"D={d}, DV={dv} ({dims.dtype}): multiples of {cols} (TMA boxes of {SWIZZLE_BYTES} bytes, 128-byte swizzle) "
         f"and <= 256",
-        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {nc} consumer warpgroup(s) = {bm}; one producer warpgroup "
-        f"-> {nw} warps ({32 * nw} threads)" + ("" if nc == 2 else " (no ping-pong: consumers=1)"),
+        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {CONSUMER_WGS} consumer warpgroups = {bm}; one producer warpgroup "
+        f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
           f"{_why_preferred(d, dv, masked, separable)} that fits"),
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
-        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {creg} "
-        f"({preg}*128 + {creg}*{128 * nc} <= {REGISTERS_PER_SM} / {ctas} CTA(s)/SM)",
+        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
+        f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{d} + {st}*{bn}*({d}+{dv})) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) = {smem} B <= {limit} B",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
                             f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
                             f"block i's slot, so deeper rings hide more of the load latency)"),
-        ("1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)" if ctas == 1 else
-         f"{ctas} CTAs per SM: {ctas} x ({smem} + {t.smem_reserved_per_block} reserved) B <= {t.smem_per_sm} B; "
-         f"one CTA's prologue and epilogue run under the other's main loop"),
-        ("persistent grid: min(tiles, CTAs/SM x SMs) CTAs loop over the tiles heaviest first" if persistent else
+        "1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)",
+        ("persistent grid: min(tiles, SMs) CTAs loop over the tiles heaviest first" if persistent else
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
     ]
@@ -273,9 +227,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     reasons += [f"rejected {r}" for r in rejected]
     return V3Plan(
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
-        num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=creg,
-        ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=preg,
-        consumer_regs=creg, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
+        num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=CONSUMER_REGS,
+        ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
+        consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
     )
 
 
