@@ -3,6 +3,7 @@ torch SDPA, CUDA-graph replays (GPU time).
 
     PYTHONPATH=. python3 benchmarks/decode_sweep.py            # every configuration below
     PYTHONPATH=. python3 benchmarks/decode_sweep.py --options  # only the loader x fold_combine grid
+    PYTHONPATH=. python3 benchmarks/decode_sweep.py --splits   # split counts x tile shapes, B = 1
 
 Shapes (bf16, d = 128, Nq = 1): (B, H, H_kv, Nk) = (1, 32, 8, 32k) (many splits, combine), (4, 32, 8, 64k),
 (8, 32, 32, 32k) and (8, 32, 32, 128k) (one split: the split kernel alone).  Each configuration is compiled with
@@ -21,6 +22,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from attncompiler.runtime.launch import AttnInputs
+
 # (warps, BLOCK_N, stages, L2 hint, loader, fold_combine)
 OPTION_GRID = tuple((4, 64, 3, 0 if ld == "bulk" else 256, ld, fold)
                     for ld in ("cp_async", "bulk") for fold in (False, True))
@@ -28,6 +31,49 @@ CONFIGS = ((4, 64, 3, 0, "cp_async", False), (4, 64, 3, 128, "cp_async", False),
            (8, 128, 3, 256, "cp_async", False), (8, 128, 3, 0, "bulk", False), (4, 128, 2, 256, "cp_async", False),
            (4, 128, 2, 0, "bulk", False))
 SHAPES = ((1, 32, 8, 32768), (4, 32, 8, 65536), (8, 32, 32, 32768), (8, 32, 32, 131072))
+# --splits: (warps, BLOCK_N, stages) x forced split counts (None: choose_splits') at B = 1, H = 32, H_kv = 8;
+# times are per call of 20-call CUDA graphs (bench_decode.graph_batch_ms: the graph's launch latency spread out)
+SPLIT_TILES = ((4, 64, 3), (4, 64, 4), (8, 128, 3), (8, 128, 2), (4, 128, 3))
+SPLIT_COUNTS = (None, 16, 24, 32, 33, 48, 64)
+SPLIT_SHAPES = ((1, 32, 8, 32768), (1, 32, 8, 131072))
+
+
+def sweep_splits() -> int:
+    """Split counts x tile shapes at B = 1 (``--splits``): which decomposition streams fastest."""
+    from triton.testing import do_bench
+
+    import attncompiler as ac
+    from attncompiler.runtime import decode as rt
+    from attncompiler.spec import presets
+    from bench_decode import graph_batch_ms
+
+    chosen = rt.split_choice
+    forced: list = [None]
+    rt.split_choice = lambda plan, dims, num_splits=None: chosen(plan, dims, forced[0] or num_splits)
+    spec = presets.plain(128)
+    for B, H, H_kv, N in SPLIT_SHAPES:
+        q = torch.randn(B, H, 1, 128, device="cuda", dtype=torch.bfloat16)
+        kv = [tuple(torch.randn(B, H_kv, N, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+              for _ in range(2)]
+        nbytes = 2 * q.numel() * 2 + 2 * kv[0][0].numel() * 2
+        ref = F.scaled_dot_product_attention(q, *kv[0], enable_gqa=True)
+        sd = graph_batch_ms(do_bench, [lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
+                                       for kk, vv in kv])
+        print(f"# {(B, H, H_kv, N)}: SDPA {sd * 1e3:.1f} us", flush=True)
+        for w, bn, st in SPLIT_TILES:
+            kern = ac.compile(spec, "decode", num_warps=w, block_n=bn, stages=st)
+            for ns in SPLIT_COUNTS:
+                forced[0] = ns
+                err = float((kern(q, *kv[0]).float() - ref.float()).abs().max())
+                ms = graph_batch_ms(do_bench, [lambda kk=kk, vv=vv: kern(q, kk, vv) for kk, vv in kv])
+                s = rt.split_choice(kern.plan, AttnInputs(B, H, H_kv, 1, N, 128, 128)).num_splits
+                print(f"  warps {w} BN {bn} stages {st} ctas/SM {kern.plan.ctas_per_sm} splits {s:>3}"
+                      f"{' (auto)' if ns is None else ''}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  "
+                      f"x sdpa {sd / ms:5.2f}  err {err:.1e}", flush=True)
+        forced[0] = None
+        del q, kv
+        torch.cuda.empty_cache()
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -39,6 +85,8 @@ def main(argv: list[str]) -> int:
     from attncompiler.spec import presets
     from bench_decode import graph_ms
 
+    if "--splits" in argv:
+        return sweep_splits()
     configs = OPTION_GRID if "--options" in argv else CONFIGS
     out = open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_sweep.jsonl"), "a")
     spec = presets.plain(128)
