@@ -52,12 +52,21 @@ def _choice(B, H, H_kv, Nq, Nk, arch="sm_90", **kw):
 
 
 def test_split_choice_fills_the_gpu():
-    c, plan = _choice(1, 32, 8, 1, 32768)
-    slots = plan.sm_count * plan.ctas_per_sm
-    assert c.row_blocks == 1 and c.num_splits > 16
-    assert c.ctas <= slots and c.ctas >= 0.85 * slots, c.reasons
+    c, plan = _choice(1, 32, 8, 1, 32768)  # 8 work units
+    assert c.row_blocks == 1 and c.num_splits == 16  # one CTA per SM: 128 of 132
+    assert plan.sm_count * pd.DECODE_ONE_WAVE_FILL <= c.ctas <= plan.sm_count, c.reasons
     assert c.tiles_per_split * c.num_splits >= c.tiles > c.tiles_per_split * (c.num_splits - 1)
-    assert "combine" in c.reasons[-1]
+    assert "one CTA per SM" in c.reasons[1] and "combine" in c.reasons[-1]
+    c, _ = _choice(4, 32, 8, 1, 65536)  # 32 units: 4 splits
+    assert (c.num_splits, c.ctas) == (4, 128)
+
+
+def test_split_choice_whole_waves_when_one_wave_cannot_fill():
+    # 100 units: one split is 100 CTAs (< 0.9 of the SMs), so the slots (SMs x CTAs/SM) are filled in waves
+    c, plan = _choice(1, 100, 100, 1, 65536)
+    slots = plan.sm_count * plan.ctas_per_sm
+    assert c.num_splits > 1 and "wave efficiency" in c.reasons[1]
+    assert (c.ctas / slots) / -(-c.ctas // slots) >= 0.9, c.reasons
 
 
 def test_split_choice_no_split_when_heads_fill_the_gpu():

@@ -35,7 +35,7 @@ __all__ = [
     "DecodePlan", "SplitChoice", "plan_decode", "choose_splits", "decode_applies", "decode_smem_bytes",
     "DECODE_MAX_NQ", "DECODE_MIN_KV", "DECODE_ROWS", "DECODE_NUM_WARPS", "DECODE_BLOCK_N", "DECODE_CTAS_PER_SM",
     "DECODE_STAGES_MIN", "DECODE_STAGES_MAX", "DECODE_MIN_TILES_PER_SPLIT", "DECODE_MAX_SPLITS",
-    "DECODE_SPLIT_EFFICIENCY", "DECODE_COMBINE_WARPS", "DECODE_Q_IN_REGS_MAX", "DECODE_L2_HINT",
+    "DECODE_SPLIT_EFFICIENCY", "DECODE_ONE_WAVE_FILL", "DECODE_COMBINE_WARPS", "DECODE_Q_IN_REGS_MAX", "DECODE_L2_HINT",
     "DECODE_LOADERS", "DECODE_LOADER", "DECODE_FOLD_COMBINE",
 ]
 
@@ -60,6 +60,12 @@ DECODE_MIN_TILES_PER_SPLIT = 4
 DECODE_MAX_SPLITS = 128
 #: among split counts, the fewest whose wave efficiency is within this factor of the best
 DECODE_SPLIT_EFFICIENCY = 0.95
+#: one CTA per SM first: the split count whose CTAs fill at least this fraction of the SMs without
+#: exceeding them wins over filling every resident slot.  Measured on an H100 (2026-11-21, B=1, H=32,
+#: H_kv=8, bf16, d=128, per-call times of 20-call CUDA graphs, benchmarks/decode_sweep.py --splits):
+#: 32k keys: 16 splits (128 CTAs) 54.6 us vs 31 splits (248 CTAs, two per SM) 58.7 us; 128k keys: 190.4
+#: vs 195.7 us, with every tile shape tried -- half the concurrent K/V streams, half the partials.
+DECODE_ONE_WAVE_FILL = 0.9
 #: L2 prefetch size hint (bytes) of the K/V cp.async copies (`.L2::256B`): each warp's copies cover 512
 #: contiguous bytes, so whole 256-byte lines are fetched from DRAM
 DECODE_L2_HINT = 256
@@ -255,13 +261,16 @@ class SplitChoice:
 @functools.lru_cache(maxsize=4096)  # per call on the launch path: a cache hit costs ~1 us, the search ~100 us
 def choose_splits(plan: DecodePlan, *, B: int, H: int, H_kv: int, Nq: int, Nk: int,
                   num_splits: int | None = None) -> SplitChoice:
-    """The split count for one call: enough CTAs to fill the GPU's resident slots in whole waves.
+    """The split count for one call: enough CTAs to fill the GPU's SMs once, else its resident slots in
+    whole waves.
 
-    Work units are (batch, K/V head, row block); ``slots = SMs x CTAs/SM`` (the plan's device).  A split count s gives
-    ``units * s`` CTAs; its wave efficiency is ``(units*s / slots) / ceil(units*s / slots)`` (1: the
-    last wave is full).  Candidates: 1 .. min(DECODE_MAX_SPLITS, tiles // DECODE_MIN_TILES_PER_SPLIT);
-    the fewest splits whose efficiency is within DECODE_SPLIT_EFFICIENCY of the best win (fewer
-    splits: less workspace traffic and a cheaper combine).  ``num_splits`` forces a count (tests).
+    Work units are (batch, K/V head, row block).  A split count s gives ``units * s`` CTAs.  Candidates:
+    1 .. min(DECODE_MAX_SPLITS, tiles // DECODE_MIN_TILES_PER_SPLIT).  First choice: the most CTAs that
+    do not exceed the SM count, if they fill at least DECODE_ONE_WAVE_FILL of the SMs (one CTA per SM;
+    the fewest splits giving that count).  Otherwise ``slots = SMs x CTAs/SM`` (the plan's device): the
+    wave efficiency of s is ``(units*s / slots) / ceil(units*s / slots)`` (1: the last wave is full) and
+    the fewest splits whose efficiency is within DECODE_SPLIT_EFFICIENCY of the best win (fewer splits:
+    less workspace traffic and a cheaper combine).  ``num_splits`` forces a count (tests).
     """
     group = H // H_kv
     rows = group * Nq
@@ -285,18 +294,28 @@ def choose_splits(plan: DecodePlan, *, B: int, H: int, H_kv: int, Nq: int, Nk: i
                        f"(<= {DECODE_MAX_SPLITS} and <= the {tiles} tiles)")
     else:
         hi = max(1, min(DECODE_MAX_SPLITS, tiles // DECODE_MIN_TILES_PER_SPLIT))
+        sms = max(1, plan.sm_count)
+        one_wave = {units * actual(s)[0]: actual(s)[0] for s in range(hi, 0, -1) if units * actual(s)[0] <= sms}
 
         def eff(s: int) -> float:
             n = units * s / slots
             return n / -(-n // 1)
 
-        effs = {s: eff(actual(s)[0]) for s in range(1, hi + 1)}
-        best = max(effs.values())
-        s0 = min(s for s, e in effs.items() if e >= DECODE_SPLIT_EFFICIENCY * best)
-        s, per = actual(s0)
-        reasons.append(f"splits <= {hi} (each >= {DECODE_MIN_TILES_PER_SPLIT} tiles, <= {DECODE_MAX_SPLITS}); "
-                       f"best wave efficiency {best:.2f}; the fewest within {DECODE_SPLIT_EFFICIENCY} of it: "
-                       f"{s} split(s) of {per} tile(s) -> {units * s} CTAs, efficiency {effs[s0]:.2f}")
+        ctas1 = max(one_wave, default=0)
+        if ctas1 >= DECODE_ONE_WAVE_FILL * sms:
+            s, per = actual(one_wave[ctas1])
+            reasons.append(f"splits <= {hi} (each >= {DECODE_MIN_TILES_PER_SPLIT} tiles, <= {DECODE_MAX_SPLITS}); "
+                           f"one CTA per SM: {s} split(s) of {per} tile(s) -> {ctas1} CTAs <= {sms} SMs "
+                           f"(>= {DECODE_ONE_WAVE_FILL} of them; fewer concurrent K/V streams than two per SM)")
+        else:
+            effs = {s: eff(actual(s)[0]) for s in range(1, hi + 1)}
+            best = max(effs.values())
+            s0 = min(s for s, e in effs.items() if e >= DECODE_SPLIT_EFFICIENCY * best)
+            s, per = actual(s0)
+            reasons.append(f"splits <= {hi} (each >= {DECODE_MIN_TILES_PER_SPLIT} tiles, <= {DECODE_MAX_SPLITS}); "
+                           f"best wave efficiency {best:.2f} over {slots} slots; the fewest within "
+                           f"{DECODE_SPLIT_EFFICIENCY} of it: {s} split(s) of {per} tile(s) -> {units * s} CTAs, "
+                           f"efficiency {effs[s0]:.2f}")
     if s == 1:
         reasons.append("one split: the split kernel writes O and LSE directly (no combine)")
     elif plan.fold_combine:
