@@ -31,11 +31,12 @@ CONFIGS = ((4, 64, 3, 0, "cp_async", False), (4, 64, 3, 128, "cp_async", False),
            (8, 128, 3, 256, "cp_async", False), (8, 128, 3, 0, "bulk", False), (4, 128, 2, 256, "cp_async", False),
            (4, 128, 2, 0, "bulk", False))
 SHAPES = ((1, 32, 8, 32768), (4, 32, 8, 65536), (8, 32, 32, 32768), (8, 32, 32, 131072))
-# --splits: (warps, BLOCK_N, stages) x forced split counts (None: choose_splits') at B = 1, H = 32, H_kv = 8;
-# times are per call of 20-call CUDA graphs (bench_decode.graph_batch_ms: the graph's launch latency spread out)
-SPLIT_TILES = ((4, 64, 3), (4, 64, 4), (8, 128, 3), (8, 128, 2), (4, 128, 3))
-SPLIT_COUNTS = (None, 16, 24, 32, 33, 48, 64)
-SPLIT_SHAPES = ((1, 32, 8, 32768), (1, 32, 8, 131072))
+# --splits: (warps, BLOCK_N, stages, loader) x forced split counts (None: choose_splits'); times are per call of
+# 20-call CUDA graphs (bench_decode.graph_batch_ms: the graph's launch latency spread out)
+SPLIT_TILES = ((4, 64, 3, "cp_async"), (4, 64, 3, "tma"), (4, 64, 4, "tma"), (8, 128, 3, "tma"), (4, 128, 3, "tma"),
+               (4, 128, 3, "cp_async"))
+SPLIT_COUNTS = (None, 16, 32)
+SPLIT_SHAPES = ((1, 32, 8, 32768), (1, 32, 8, 131072), (8, 32, 32, 32768))
 
 
 def sweep_splits() -> int:
@@ -56,18 +57,19 @@ def sweep_splits() -> int:
         kv = [tuple(torch.randn(B, H_kv, N, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
               for _ in range(2)]
         nbytes = 2 * q.numel() * 2 + 2 * kv[0][0].numel() * 2
-        ref = F.scaled_dot_product_attention(q, *kv[0], enable_gqa=True)
-        sd = graph_batch_ms(do_bench, [lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
+        gqa = H != H_kv
+        ref = F.scaled_dot_product_attention(q, *kv[0], enable_gqa=gqa)
+        sd = graph_batch_ms(do_bench, [lambda kk=kk, vv=vv: F.scaled_dot_product_attention(q, kk, vv, enable_gqa=gqa)
                                        for kk, vv in kv])
         print(f"# {(B, H, H_kv, N)}: SDPA {sd * 1e3:.1f} us", flush=True)
-        for w, bn, st in SPLIT_TILES:
-            kern = ac.compile(spec, "decode", num_warps=w, block_n=bn, stages=st)
-            for ns in SPLIT_COUNTS:
+        for w, bn, st, ld in SPLIT_TILES:
+            kern = ac.compile(spec, "decode", num_warps=w, block_n=bn, stages=st, loader=ld)
+            for ns in SPLIT_COUNTS if H != H_kv else (None,):
                 forced[0] = ns
                 err = float((kern(q, *kv[0]).float() - ref.float()).abs().max())
                 ms = graph_batch_ms(do_bench, [lambda kk=kk, vv=vv: kern(q, kk, vv) for kk, vv in kv])
                 s = rt.split_choice(kern.plan, AttnInputs(B, H, H_kv, 1, N, 128, 128)).num_splits
-                print(f"  warps {w} BN {bn} stages {st} ctas/SM {kern.plan.ctas_per_sm} splits {s:>3}"
+                print(f"  {ld:>8} warps {w} BN {bn} stages {st} ctas/SM {kern.plan.ctas_per_sm} splits {s:>3}"
                       f"{' (auto)' if ns is None else ''}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e9:5.2f} TB/s  "
                       f"x sdpa {sd / ms:5.2f}  err {err:.1e}", flush=True)
         forced[0] = None

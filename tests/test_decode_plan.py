@@ -3,6 +3,7 @@ loader options), the launch sequence, rendering, and an nvcc compile of both dec
 sm_90a (default plan and each option)."""
 from __future__ import annotations
 
+import ctypes
 import shutil
 
 import pytest
@@ -191,8 +192,12 @@ def test_options_rejected_with_reason():
         pd.plan_decode(ProblemDims(128), "sm_80", loader="bulk")
     with pytest.raises(PlanError, match=r"decode: loader 'bulk' needs sm_90\+ \(cp\.async\.bulk\), got sm_86"):
         pd.plan_decode(ProblemDims(128), "sm_86", loader="bulk")
-    with pytest.raises(PlanError, match=r"expected loader in \('cp_async', 'bulk'\), got 'tma'"):
-        pd.plan_decode(ProblemDims(128), "sm_90", loader="tma")
+    with pytest.raises(PlanError, match=r"expected loader in \('cp_async', 'bulk', 'tma'\), got 'tensor'"):
+        pd.plan_decode(ProblemDims(128), "sm_90", loader="tensor")
+    with pytest.raises(PlanError, match=r"decode: loader 'tma' needs sm_90\+"):
+        pd.plan_decode(ProblemDims(128), "sm_80", loader="tma")
+    with pytest.raises(PlanError, match=r"loader 'tma' copies 64-column boxes .* got D=96, DV=96"):
+        pd.plan_decode(ProblemDims(96), "sm_90", loader="tma")
     with pytest.raises(PlanError, match="expected fold_combine True or False, got 1"):
         pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=1)
     with pytest.raises(PlanError, match="l2_hint applies to the cp_async loader"):
@@ -280,6 +285,39 @@ def test_bulk_launch_checks_alignment(monkeypatch):
         rt.launch_decode(_KS(plan), 1, 2, c, dims, _fake_params(k_sn=132), None, None)
 
 
+def test_tma_loader_plan_and_source():
+    p = pd.plan_decode(ProblemDims(128), "sm_90", loader="tma")
+    assert (p.loader, p.l2_hint, p.stages) == ("tma", 0, 3)
+    # 1024 slack + Q's 16 x 136 x 2 = 4352 B rounded to 5120 + 3 x 64 x 512 unpadded + 32 B of mbarriers
+    assert p.smem_bytes == pd.decode_smem_bytes(128, 128, 64, 3, "tma") == 1024 + 5120 + 3 * 64 * 512 + 32
+    assert any(r.startswith("loader tma (requested): thread 0 issues 4 tensor-map copies per tile") for r in p.reasons)
+    ks = _render(presets.causal(128), loader="tma")
+    assert "TMA_LOADER = true" in ks.source and "BULK_LOADER = false" in ks.source
+    assert "const __grid_constant__ ac::DecodeMaps maps" in ks.source
+    assert "cp.async.bulk.tensor.4d" in ks.source and f"kSmemBytes == {ks.plan.smem_bytes}" in ks.source
+    assert "const __grid_constant__" not in _render(presets.causal(128)).source
+
+
+def test_tma_launch_passes_the_maps(monkeypatch):
+    """loader 'tma' launches the split kernel with a fourth by-value struct (the K, V tensor maps built
+    from the packed strides; boxes of BLOCK_N rows)."""
+    from attncompiler.runtime import launch, tma
+
+    calls = []
+    monkeypatch.setattr(launch, "launch_structs", lambda fn, grid, thr, smem, structs, dev: calls.append(structs))
+    monkeypatch.setattr(rt, "_zero_counters", lambda *a: None)
+    seen = []
+    monkeypatch.setattr(tma, "encode_attn_map",
+                        lambda name, ptr, shape, strides, dtype, box: seen.append((name, shape, strides, box)) or
+                        bytes(128))
+    plan = pd.plan_decode(ProblemDims(128), "sm_90", loader="tma")
+    dims = AttnInputs(2, 8, 2, 1, 4096, 128, 128)
+    c = pd.choose_splits(plan, B=2, H=8, H_kv=2, Nq=1, Nk=4096)
+    rt.launch_decode(_KS(plan), 1, 2, c, dims, _fake_params(), None, None)
+    assert len(calls[0]) == 4 and ctypes.sizeof(calls[0][3]) == 256
+    assert [(n, shape, box) for n, shape, _, box in seen] == [("k", (2, 2, 4096, 128), 64), ("v", (2, 2, 4096, 128), 64)]
+
+
 def test_render_options_and_cache_key():
     default = _render(presets.causal(128), fold_combine=False)
     assert "BULK_LOADER = false" in default.source and "FOLD_COMBINE = false" in default.source
@@ -298,7 +336,8 @@ def test_render_options_and_cache_key():
     assert ac.compile(spec, "decode", target="sm_90", build=False, fold_combine=True).kernel_source is kf.kernel_source
 
 
-_OPTION_CASES = [dict(fold_combine=True), dict(loader="bulk"), dict(fold_combine=True, loader="bulk")]
+_OPTION_CASES = [dict(fold_combine=True), dict(loader="bulk"), dict(fold_combine=True, loader="bulk"),
+                 dict(loader="tma"), dict(loader="tma", fold_combine=False)]
 
 
 @pytest.mark.nvcc
@@ -306,8 +345,8 @@ _OPTION_CASES = [dict(fold_combine=True), dict(loader="bulk"), dict(fold_combine
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("opts", _OPTION_CASES, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()))
 def test_nvcc_decode_options(arch, opts):
-    if arch == "sm_80" and opts.get("loader") == "bulk":
-        pytest.skip("loader 'bulk' is sm_90+ (test_options_rejected_with_reason, test_nvcc_bulk_refuses_sm80)")
+    if arch == "sm_80" and opts.get("loader") in ("bulk", "tma"):
+        pytest.skip("loaders 'bulk' / 'tma' are sm_90+ (test_options_rejected_with_reason, test_nvcc_bulk_refuses_sm80)")
     for spec in (presets.causal(128), ac.AttentionSpec(head_dim=64, dropout_p=0.1, name="dropout"),
                  presets.softcap(30.0, 256)):
         rep = compile_with_nvcc(_render(spec, arch.rstrip("a"), **opts).source, arch)
@@ -322,5 +361,5 @@ def test_nvcc_bulk_refuses_sm80():
     """A bulk-loader source built for sm_80 stops at the kernel's static_assert (the planner refuses it first)."""
     from attncompiler.runtime.compiler import CompileError
 
-    with pytest.raises(CompileError, match="loader 'bulk' needs sm_90"):
+    with pytest.raises(CompileError, match="loaders 'bulk' and 'tma' need sm_90"):
         compile_with_nvcc(_render(presets.plain(64), "sm_90", loader="bulk").source, "sm_80")

@@ -11,10 +11,11 @@ Facts of the kernels (``templates/decode_fwd.cu.j2``, ``include/attncompiler/dec
   The kernel is bound by HBM bandwidth (each key's K and V bytes are used by <= 16 rows), so the
   plan maximizes bytes in flight per SM: as many stages as keep DECODE_CTAS_PER_SM CTAs resident
   (:data:`DECODE_STAGES_MIN` .. :data:`DECODE_STAGES_MAX`).  ``loader`` fills the ring:
-  ``"cp_async"`` (16-byte cp.async from every thread, the default) or ``"bulk"`` (sm_90+: one
-  ``cp.async.bulk`` per K / V row, issued by one warp, completing on one mbarrier per stage);
+  ``"cp_async"`` (16-byte cp.async from every thread, the default), ``"bulk"`` (sm_90+: one
+  ``cp.async.bulk`` per K / V row, issued by one warp, completing on one mbarrier per stage) or
+  ``"tma"`` (sm_90+: tensor-map copies of 64-column boxes, 128-byte swizzle, from one thread);
 * shared memory: ``(16*(D+8) + STAGES*BLOCK_N*((D+8) + (DV+8))) * 2`` bytes, plus
-  ``ceil(8*STAGES / 16) * 16`` bytes of mbarriers with the bulk loader;
+  ``ceil(8*STAGES / 16) * 16`` bytes of mbarriers with the bulk loader (tma: :func:`decode_smem_bytes`);
 * with more than one split the partial (O, LSE) go to a workspace, merged by a combine kernel, or,
   with ``fold_combine``, by the last split CTA of each (batch, K/V head, row block) (an atomic
   counter per unit in the workspace, zeroed by the launcher): one launch instead of two.
@@ -73,8 +74,11 @@ DECODE_L2_HINT = 256
 DECODE_COMBINE_WARPS = 4
 #: Q's A fragments stay in registers up to this head dim (D/16 * 4 registers)
 DECODE_Q_IN_REGS_MAX = 128
-#: K/V loaders of the ring: 16-byte cp.async from every thread, or (sm_90+) one cp.async.bulk per K / V row
-DECODE_LOADERS = ("cp_async", "bulk")
+#: K/V loaders of the ring: 16-byte cp.async from every thread, or (sm_90+) one cp.async.bulk per K / V row,
+#: or (sm_90+) tensor-map copies of whole 64-column boxes (128-byte swizzle, head dims multiples of 64)
+DECODE_LOADERS = ("cp_async", "bulk", "tma")
+#: the TMA loader's shared-memory alignment slack and swizzle atom (bytes)
+TMA_ALIGN = 1024
 #: the default loader.  Measured on an H100 (2026-11-21, bf16, d=128, Nq=1, CUDA-graph replays,
 #: benchmarks/decode_sweep.py --options): the bulk loader (one 256-byte cp.async.bulk per K / V row) streams
 #: at 2.0 TB/s against cp.async's 2.9-3.0 TB/s at (8, 32, 32, 32k-128k) -- 0.66x -- and 0.75x at
@@ -91,8 +95,12 @@ _REG_OVERHEAD = 80
 
 def decode_smem_bytes(head_dim: int, head_dim_v: int, block_n: int, stages: int, loader: str = DECODE_LOADER) -> int:
     """Shared memory of one split CTA (bytes), as the kernel's DecodeLayout computes it: Q, the
-    stages, and with the bulk loader one 8-byte mbarrier per stage (rounded up to 16 bytes)."""
-    bars = -(-8 * stages // 16) * 16 if loader == "bulk" else 0
+    stages, and with the bulk / tma loaders one 8-byte mbarrier per stage (rounded up to 16 bytes); tma:
+    1024 bytes of alignment slack, Q's padded rows rounded up to 1024, unpadded (swizzled) stages."""
+    bars = -(-8 * stages // 16) * 16 if loader in ("bulk", "tma") else 0
+    if loader == "tma":
+        q = -(-DECODE_ROWS * (head_dim + SMEM_ROW_PAD) * 2 // TMA_ALIGN) * TMA_ALIGN
+        return TMA_ALIGN + q + stages * block_n * (head_dim + head_dim_v) * 2 + bars
     return (DECODE_ROWS * (head_dim + SMEM_ROW_PAD) + stages * block_n * ((head_dim + SMEM_ROW_PAD)
                                                                          + (head_dim_v + SMEM_ROW_PAD))) * 2 + bars
 
@@ -109,11 +117,15 @@ class DecodePlan(Plan):
     combine_warps: int = DECODE_COMBINE_WARPS
     #: merge the splits in the split kernel (last CTA per (b, h_kv, row block), atomic counter): one launch
     fold_combine: bool = DECODE_FOLD_COMBINE
-    #: K/V ring loader: "cp_async" or "bulk" (sm_90+ cp.async.bulk per row, mbarrier per stage)
+    #: K/V ring loader: "cp_async", "bulk" (sm_90+ cp.async.bulk per row, mbarrier per stage) or "tma"
+    #: (sm_90+ tensor-map copies of 64-column boxes, mbarrier per stage)
     loader: str = DECODE_LOADER
 
     def _config_lines(self) -> list[str]:
-        if self.loader == "bulk":
+        if self.loader == "tma":
+            ld = (f"{self.stages}-stage TMA ring ({self.stages - 1} tiles in flight; thread 0 issues tensor-map copies "
+                  f"of 64-column boxes, 128-byte swizzle, one mbarrier per stage)")
+        elif self.loader == "bulk":
             ld = (f"{self.stages}-stage cp.async.bulk ring ({self.stages - 1} tiles in flight; warp 0 issues one "
                   f"bulk copy per K / V row, one mbarrier per stage)")
         else:
@@ -136,7 +148,7 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
 
     ``fold_combine`` (default :data:`DECODE_FOLD_COMBINE`): with several splits, the last split CTA of
     each unit merges the partials instead of a second (combine) launch.  ``loader`` (default
-    :data:`DECODE_LOADER`): ``"cp_async"`` or ``"bulk"`` (sm_90+)."""
+    :data:`DECODE_LOADER`): ``"cp_async"``, ``"bulk"`` or ``"tma"`` (sm_90+)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
     D, DV = dims.head_dim, dims.head_dim_v
@@ -160,12 +172,15 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
     if loader is None and ld == "bulk" and t.major < 9:
         ld = "cp_async"  # the default on a target without cp.async.bulk
     fold = DECODE_FOLD_COMBINE if fold_combine is None else fold_combine
-    if ld == "bulk":
+    if ld in ("bulk", "tma"):
         if t.major < 9:
-            raise PlanError(f"decode: loader 'bulk' needs sm_90+ (cp.async.bulk), got {t.name}")
+            raise PlanError(f"decode: loader {ld!r} needs sm_90+ (cp.async.bulk), got {t.name}")
         if l2_hint:
             raise PlanError(f"decode: l2_hint applies to the cp_async loader (bulk copies take no prefetch-size "
-                            f"hint), got l2_hint={l2_hint!r} with loader 'bulk'")
+                            f"hint), got l2_hint={l2_hint!r} with loader {ld!r}")
+    if ld == "tma" and (D % 64 or DV % 64):
+        raise PlanError(f"decode: loader 'tma' copies 64-column boxes (128-byte swizzle): expected head dims that are "
+                        f"multiples of 64, got D={D}, DV={DV}; use loader='cp_async'")
     warps = DECODE_NUM_WARPS if num_warps is None else num_warps
     if num_warps is None:  # a narrower tile where DECODE_STAGES_MIN stages of 64 keys exceed the block limit
         while warps > 1 and decode_smem_bytes(D, DV, 16 * warps, DECODE_STAGES_MIN, ld) > t.max_smem_per_block_optin:
@@ -214,7 +229,11 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
             raise PlanError(f"decode: stages={st} needs {smem(st)} B smem, got a limit of "
                             f"{t.max_smem_per_block_optin} B per block on {t.name}")
         reasons.append(f"stages {st} (requested)")
-    if ld == "bulk":
+    if ld == "tma":
+        reasons.append(f"loader tma{' (requested)' if loader is not None else ''}: thread 0 issues {D // 64 + DV // 64} "
+                       f"tensor-map copies per tile (64-column boxes of {block_n} rows, 128-byte swizzle, rows past Nk "
+                       f"zero-filled) completing on the stage's mbarrier ({block_n * (D + DV) * 2} B per phase)")
+    elif ld == "bulk":
         reasons.append(f"loader bulk{' (requested)' if loader is not None else ''}: warp 0 issues {2 * block_n} "
                        f"cp.async.bulk copies per tile (one per K row of {D * 2} B and V row of {DV * 2} B) "
                        f"completing on the stage's mbarrier "
@@ -240,7 +259,7 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
         block_n=block_n, num_warps=warps, num_threads=threads, smem_bytes=smem(st), est_registers_per_thread=regs,
         ctas_per_sm=occ.ctas_per_sm, reasons=tuple(reasons), stages=st, q_in_regs=q_in_regs,
         min_ctas=max(1, min(occ.ctas_per_sm, DECODE_CTAS_PER_SM)), sm_count=t.sm_count,
-        l2_hint=(0 if ld == "bulk" else DECODE_L2_HINT) if l2_hint is None else l2_hint,
+        l2_hint=(0 if ld in ("bulk", "tma") else DECODE_L2_HINT) if l2_hint is None else l2_hint,
         fold_combine=fold, loader=ld,
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 from ..plan.decode import DecodePlan, SplitChoice, choose_splits
 from .params import CField, ctypes_struct
 
-__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice",
+__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice", "kv_tensor_maps",
            "pack_decode_params", "launch_decode"]
 
 COMBINE_ENTRY = "attn_decode_combine"
@@ -94,6 +94,25 @@ def _zero_counters(params: ctypes.Structure, offset: int, count: int, device: An
     runtime.memsetAsync(int(params.workspace) + 4 * offset, 0, 4 * count, stream)
 
 
+def kv_tensor_maps(params: ctypes.Structure, dims: Any, plan: DecodePlan) -> ctypes.Structure:
+    """``struct DecodeMaps`` of the "tma" loader: the K and V tensor maps (boxes of 64 columns x BLOCK_N
+    rows) from the packed pointers and element strides; a layout the copy engine cannot address is an
+    InputError that says so."""
+    from .launch import InputError
+    from .tma import TmaError, encode_attn_map, tma_maps_struct
+
+    P = params
+    try:
+        return tma_maps_struct((
+            encode_attn_map("k", P.k, (dims.B, dims.H_kv, dims.Nk, dims.D), (P.k_sb, P.k_sh, P.k_sn), plan.dtype,
+                            plan.block_n),
+            encode_attn_map("v", P.v, (dims.B, dims.H_kv, dims.Nk, dims.DV), (P.v_sb, P.v_sh, P.v_sn), plan.dtype,
+                            plan.block_n),
+        ))
+    except TmaError as e:
+        raise InputError(f"decode loader 'tma': {e} (or plan with loader='cp_async')") from None
+
+
 def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, dims: Any,
                   params: ctypes.Structure, buffers: ctypes.Structure, device: Any) -> None:
     """The split kernel, then the combine kernel when there is more than one split (none with the
@@ -111,7 +130,10 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
                              f"floats, got none")
         _zero_counters(params, off, cnt, device)
     grid = (choice.num_splits, dims.B * dims.H_kv, choice.row_blocks)
-    launch_structs(split_fn, grid, ks.threads, ks.smem_bytes, (params, buffers, dp), device)
+    structs: tuple[ctypes.Structure, ...] = (params, buffers, dp)
+    if getattr(plan, "loader", "cp_async") == "tma":
+        structs += (kv_tensor_maps(params, dims, plan),)
+    launch_structs(split_fn, grid, ks.threads, ks.smem_bytes, structs, device)
     if choice.num_splits > 1 and not plan.fold_combine:
         warps = ks.plan.combine_warps
         rows = dp.total_rows

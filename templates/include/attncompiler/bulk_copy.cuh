@@ -2,7 +2,8 @@
 // complete on a shared-memory mbarrier, and the mbarrier operations they need.
 //
 // Used by the decode split kernel's "bulk" K/V loader (decode.cuh): one warp issues one bulk copy
-// per K row and per V row of a tile; every thread waits on the stage's mbarrier. Written from the
+// per K row and per V row of a tile; every thread waits on the stage's mbarrier. Its "tma" loader
+// issues tensor-map copies (cp.async.bulk.tensor) on the same barriers. Written from the
 // PTX ISA (cp.async.bulk, mbarrier, fence.proxy.async; PTX ISA 8.0, sm_90). Every function is a
 // template so that nothing here reaches the PTX of a translation unit that does not call it (the
 // header is included by decode.cuh for every target, sm_80 included).
@@ -70,6 +71,25 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned int dst, const void* src,
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(bar)
       : "memory");
+}
+
+// A 4-d box (c0 innermost) of the tensor map `desc` (a 128-byte CUtensorMap in param / const / global
+// memory, 64-byte aligned) into shared memory at `dst` (aligned as the map's swizzle needs), completing
+// the box's bytes on `bar`; elements outside the tensor are written as zeros and still counted.
+template <class Desc>
+__device__ __forceinline__ void bulk_tensor_g2s_4d(unsigned int dst, const Desc* desc, int c0, int c1, int c2, int c3,
+                                                   unsigned int bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// Fetch the tensor map `desc` into the descriptor cache ahead of its first copy.
+template <class Desc>
+__device__ __forceinline__ void bulk_prefetch_tensormap(const Desc* desc) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(desc)) : "memory");
 }
 
 }  // namespace ac

@@ -18,6 +18,10 @@
 //         completing on the stage's mbarrier (one expect_tx arrival + the tile's bytes per phase);
 //         every thread waits on that barrier with the stage's phase parity. Rows at or past Nk copy
 //         row Nk-1 instead (finite data; the mask below sets those scores to -inf, so P = 0 there);
+//       - TMA_LOADER = true (loader "tma", sm_90+): thread 0 issues D/64 + DV/64 tensor copies per tile
+//         (cp.async.bulk.tensor, boxes of 64 columns x BLOCK_N rows from the tensor maps in DecodeMaps,
+//         128-byte swizzle, rows past Nk zero-filled) on the same per-stage mbarriers; the stages are
+//         unpadded, 1024-byte aligned, and ldmatrix undoes the swizzle in its row addresses;
 //   * each warp takes its own KW = BLOCK_N / NUM_WARPS keys of every tile (S = Q K^T, score_mod, mask,
 //     online softmax in the log2 domain, dropout, O += P V, all with mma.sync m16n8k16); the warps'
 //     (m, l, O) are merged through shared memory at the end;
@@ -35,13 +39,22 @@
 //   O = sum_s exp(lse_s - LSE) O_s; a row with no visible key in any split gets O = 0, LSE = -inf.
 //
 // Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant, DecodeParams; Cfg supplies
-// D, DV, BLOCK_N, NUM_WARPS, STAGES, Q_IN_REGS, L2_HINT, BULK_LOADER, FOLD_COMBINE.
+// D, DV, BLOCK_N, NUM_WARPS, STAGES, Q_IN_REGS, L2_HINT, BULK_LOADER, TMA_LOADER, FOLD_COMBINE.
 #pragma once
 
 #include "attncompiler/ranges.cuh"
 #include "attncompiler/bulk_copy.cuh"
 
 namespace ac {
+
+// The tensor maps of the "tma" loader (128-byte CUtensorMaps, 4-d: head dim, seqlen, heads, batch),
+// passed by value as a __grid_constant__ kernel parameter.
+struct __align__(64) DecodeTmaDesc {
+  unsigned long long opaque[16];
+};
+struct DecodeMaps {
+  DecodeTmaDesc k, v;
+};
 
 template <class Cfg>
 struct DecodeLayout {
@@ -60,14 +73,20 @@ struct DecodeLayout {
   static constexpr int NT_O = DV / 8;
   static constexpr int KT_QK = D / 16;
   static constexpr int KT_PV = KW / 16;
-  static constexpr int kQBytes = BM * QS * 2;
-  static constexpr int kKBytes = BN * KS * 2;
-  static constexpr int kStageBytes = BN * (KS + VS) * 2;
-  // Bulk loader: one 8-byte mbarrier per stage after the stages (16-byte multiple; none for cp.async).
   static constexpr bool BULK = Cfg::BULK_LOADER;
-  static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
-  static constexpr int kBarBytes = BULK ? (8 * STAGES + 15) / 16 * 16 : 0;
-  static constexpr int kSmemBytes = kQBytes + STAGES * kStageBytes + kBarBytes;
+  static constexpr bool TMA = Cfg::TMA_LOADER;
+  static constexpr bool MBAR = BULK || TMA;   // the ring completes on one mbarrier per stage
+  // TMA: 64-column boxes of BN rows x 128 bytes, 128-byte swizzle (1024-byte atoms): unpadded stages at a
+  // 1024-byte aligned base (dynamic smem is only 16-byte aligned: kAlignSlack bytes of slack).
+  static constexpr int kAlignSlack = TMA ? 1024 : 0;
+  static constexpr int kQBytes = BM * QS * 2;
+  static constexpr int kQRegion = TMA ? (kQBytes + 1023) / 1024 * 1024 : kQBytes;
+  static constexpr int kKBytes = TMA ? BN * D * 2 : BN * KS * 2;
+  static constexpr int kStageBytes = TMA ? BN * (D + DV) * 2 : BN * (KS + VS) * 2;
+  // Bulk / TMA loader: one 8-byte mbarrier per stage after the stages (16-byte multiple; none for cp.async).
+  static constexpr int kBarOffset = kQRegion + STAGES * kStageBytes;
+  static constexpr int kBarBytes = MBAR ? (8 * STAGES + 15) / 16 * 16 : 0;
+  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + kBarBytes;
   static constexpr int kKRowBytes = D * 2;     // one bulk copy per K row / V row
   static constexpr int kVRowBytes = DV * 2;
   static constexpr int kTileTxBytes = BN * (kKRowBytes + kVRowBytes);  // bytes a stage's phase waits for
@@ -85,7 +104,11 @@ struct DecodeLayout {
   static_assert((KS * 2) % 16 == 0 && (VS * 2) % 16 == 0, "padded smem rows 16-byte aligned");
   static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0, "a K / V row is a multiple of 16 bytes");
   static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
-  static_assert(!BULK || kTileTxBytes < (1 << 20), "a stage's transaction count fits the mbarrier's tx-count");
+  static_assert(!MBAR || kTileTxBytes < (1 << 20), "a stage's transaction count fits the mbarrier's tx-count");
+  static_assert(!(BULK && TMA), "one K/V loader");
+  static_assert(!TMA || (D % 64 == 0 && DV % 64 == 0 && BN <= 256), "TMA boxes: 64-column head-dim boxes, <= 256 rows");
+  static_assert(!TMA || (kQRegion % 1024 == 0 && kKBytes % 1024 == 0 && kStageBytes % 1024 == 0),
+                "TMA: every box starts on a 1024-byte swizzle atom");
 };
 
 // Rows [R0, R0 + nrows) of the group cover query heads hg in [R0 / Nq, (R0 + nrows - 1) / Nq]; for head
@@ -138,6 +161,21 @@ __device__ __forceinline__ void decode_bulk_tile(unsigned int sK, unsigned int s
       bulk_copy_g2s<>(sV + r * L::VS * 2, gV + src * v_sn, L::kVRowBytes, bar);
     }
   }
+}
+
+// TMA loader: tile rows [row0, row0 + BN) of K/V head hk of batch b into the stage at sK / sV (D/64, DV/64
+// swizzled boxes of BN rows x 128 bytes each), completing on the stage's mbarrier `bar`. One thread
+// issues: the expect_tx arrival (the whole boxes' bytes, zero-filled rows past Nk included) before the
+// copies, so the phase cannot complete early.
+template <class L>
+__device__ __forceinline__ void decode_tma_tile(unsigned int sK, unsigned int sV, unsigned int bar,
+                                                const DecodeMaps* maps, int row0, int hk, int b) {
+  static_assert(L::TMA, "decode_tma_tile is the tma loader's");
+  bulk_mbar_arrive_expect_tx<>(bar, L::kTileTxBytes);
+#pragma unroll
+  for (int c = 0; c < L::D / 64; ++c) bulk_tensor_g2s_4d(sK + c * L::BN * 128, &maps->k, c * 64, row0, hk, b, bar);
+#pragma unroll
+  for (int c = 0; c < L::DV / 64; ++c) bulk_tensor_g2s_4d(sV + c * L::BN * 128, &maps->v, c * 64, row0, hk, b, bar);
 }
 
 // FOLD_COMBINE tail of a split CTA (num_splits > 1), after every thread wrote its partial O / LSE rows:
@@ -230,19 +268,21 @@ __device__ __forceinline__ void decode_fold_tail(const AttnParams& p, const Deco
 }
 
 template <class Cfg>
-__device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuffers& buf, const DecodeParams& dp) {
+__device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuffers& buf, const DecodeParams& dp,
+                                             const DecodeMaps* maps) {
   using L = DecodeLayout<Cfg>;
   using T = ac_elem_t;
   using Tr = ac_type_traits<T>;
   constexpr int BN = L::BN, KW = L::KW, D = L::D, DV = L::DV;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const unsigned int smem0 = smem_u32(smem_raw);
-  const unsigned int sK0 = smem0 + L::kQBytes;   // K of stage s: sK0 + s * kStageBytes
+  // (TMA: rounded up to the 1024-byte swizzle atom, inside the layout's slack)
+  const unsigned int smem0 = L::TMA ? (smem_u32(smem_raw) + 1023u) & ~1023u : smem_u32(smem_raw);
+  const unsigned int sK0 = smem0 + L::kQRegion;  // K of stage s: sK0 + s * kStageBytes
   const unsigned int sV0 = sK0 + L::kKBytes;     // V of stage s: sV0 + s * kStageBytes
   const unsigned int bar0 = smem0 + L::kBarOffset;  // bulk loader: the mbarrier of stage s at bar0 + 8 * s
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900)
-  static_assert(!L::BULK, "loader 'bulk' needs sm_90+ (cp.async.bulk, mbarrier expect_tx / try_wait)");
+  static_assert(!L::MBAR, "loaders 'bulk' and 'tma' need sm_90+ (cp.async.bulk, mbarrier expect_tx / try_wait)");
 #endif
 
   const int split = blockIdx.x;
@@ -271,10 +311,14 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     }
     cp_async_commit();
   }
-  if constexpr (L::BULK) {
+  if constexpr (L::MBAR) {
     // One arrival (the issuing lane's expect_tx) per phase; visible to the bulk-copy unit before any
     // copy completes on it, and to the other warps through the barrier before the K/V loop.
     if (tid == 0) {
+      if constexpr (L::TMA) {
+        bulk_prefetch_tensormap(&maps->k);
+        bulk_prefetch_tensormap(&maps->v);
+      }
 #pragma unroll
       for (int s = 0; s < L::STAGES; ++s) bulk_mbar_init<>(bar0 + 8 * s, 1);
       bulk_mbar_init_fence<>();
@@ -327,7 +371,18 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     }
     cp_async_commit();
   };
-  if constexpr (L::BULK) {
+  if constexpr (L::TMA) {
+    if (tid == 0) {  // the thread that initialized the barriers
+#pragma unroll
+      for (int s = 0; s < L::STAGES - 1; ++s) {
+        if (j_load < my_end) {
+          decode_tma_tile<L>(sK0 + s * L::kStageBytes, sV0 + s * L::kStageBytes, bar0 + 8 * s, maps, j_load * BN,
+                             hk, b);
+          j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+        }
+      }
+    }
+  } else if constexpr (L::BULK) {
     if (warp == 0) {
       __syncwarp();  // lane 0's mbarrier.init and fence come before any lane's copy names a barrier
 #pragma unroll
@@ -367,14 +422,37 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   const float exp_scale = Variant::kHasScoreMod ? 1.f : p.scale * AC_LOG2E;
 
   // ldmatrix bases (bytes, shared state space): Q rows; this warp's keys of a K / V stage.
+  // Padded rows (cp_async, bulk): a lane's 16-byte chunk c of row r at r * KS * 2 + c * 16.
+  // TMA (128-byte swizzle): chunk c of row r at (c / 8) * BN * 128 + r * 128 + ((c % 8) ^ (r % 8)) * 16,
+  // and r % 8 == lane % 8 for every row a lane addresses (the other row terms are multiples of 8), so a
+  // lane XORs its even chunk offsets with a fixed k_x / v_x.
   const unsigned int q_base = smem0 + ((lane & 15) * L::QS + (lane >> 4) * 8) * 2;
   const unsigned int k_base =
-      sK0 + ((warp * KW + (lane & 7) + (lane >> 4) * 8) * L::KS + ((lane >> 3) & 1) * 8) * 2;
+      L::TMA ? sK0 + (warp * KW + (lane & 7) + (lane >> 4) * 8) * 128
+             : sK0 + ((warp * KW + (lane & 7) + (lane >> 4) * 8) * L::KS + ((lane >> 3) & 1) * 8) * 2;
   const unsigned int v_base =
-      sV0 + ((warp * KW + (lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8) * 2;
+      L::TMA ? sV0 + (warp * KW + (lane & 7) + ((lane >> 3) & 1) * 8) * 128
+             : sV0 + ((warp * KW + (lane & 7) + ((lane >> 3) & 1) * 8) * L::VS + (lane >> 4) * 8) * 2;
+  const unsigned int k_x = ((lane >> 3) & 1) ^ (lane & 7);
+  const unsigned int v_x = (lane >> 4) ^ (lane & 7);
+  // K rows np*16.. of k16 step kk (x4: keys x head-dim chunks); V rows kk*16.. of columns np*16.. (x4.trans)
+  auto k_addr = [&](unsigned int soff, int np, int kk) -> unsigned int {
+    if constexpr (L::TMA) {
+      return k_base + soff + np * 16 * 128 + (kk >> 2) * BN * 128 + ((((2 * kk) & 7) ^ k_x) << 4);
+    } else {
+      return k_base + soff + (np * 16 * L::KS + kk * 16) * 2;
+    }
+  };
+  auto v_addr = [&](unsigned int soff, int kk, int np) -> unsigned int {
+    if constexpr (L::TMA) {
+      return v_base + soff + kk * 16 * 128 + (np >> 2) * BN * 128 + ((((2 * np) & 7) ^ v_x) << 4);
+    } else {
+      return v_base + soff + (kk * 16 * L::VS + np * 16) * 2;
+    }
+  };
 
   unsigned int q_frag[Cfg::Q_IN_REGS ? L::KT_QK : 1][4];
-  if constexpr (L::BULK) {
+  if constexpr (L::MBAR) {
     cp_async_wait<0>();  // Q's group (the only cp.async group) has landed
   } else {
     cp_async_wait<L::STAGES - 1>();  // Q's group has landed
@@ -391,7 +469,17 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   unsigned int phases = 0;         // bulk: bit s = parity of the next phase of stage s's mbarrier
   while (j < my_end) {
     // Tile j has landed; every warp is done with the previous tile's stage, which the load below refills.
-    if constexpr (L::BULK) {
+    if constexpr (L::TMA) {
+      bulk_mbar_wait<>(bar0 + 8 * stage, (phases >> stage) & 1u);
+      phases ^= 1u << stage;
+      __syncthreads();
+      if (tid == 0 && j_load < my_end) {
+        bulk_fence_proxy_async_smem<>();  // the stage's ldmatrix reads (before the barrier) come first
+        decode_tma_tile<L>(sK0 + load_stage * L::kStageBytes, sV0 + load_stage * L::kStageBytes,
+                           bar0 + 8 * load_stage, maps, j_load * BN, hk, b);
+        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+      }
+    } else if constexpr (L::BULK) {
       bulk_mbar_wait<>(bar0 + 8 * stage, (phases >> stage) & 1u);
       phases ^= 1u << stage;
       __syncthreads();
@@ -432,7 +520,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
 #pragma unroll
       for (int np = 0; np < L::NT_S / 2; ++np) {
         unsigned int bk[4];
-        ldmatrix_x4(bk, k_base + soff + (np * 16 * L::KS + kk * 16) * 2);
+        ldmatrix_x4(bk, k_addr(soff, np, kk));
         if (kk == 0) {
           mma_16816_zc<Tr::kIsBf16>(acc_s[2 * np], a, bk[0], bk[1]);
           mma_16816_zc<Tr::kIsBf16>(acc_s[2 * np + 1], a, bk[2], bk[3]);
@@ -517,7 +605,7 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
 #pragma unroll
       for (int np = 0; np < L::NT_O / 2; ++np) {
         unsigned int bv[4];
-        ldmatrix_x4_trans(bv, v_base + soff + (kk * 16 * L::VS + np * 16) * 2);
+        ldmatrix_x4_trans(bv, v_addr(soff, kk, np));
         mma_16816<Tr::kIsBf16>(acc_o[2 * np], a, bv[0], bv[1]);
         mma_16816<Tr::kIsBf16>(acc_o[2 * np + 1], a, bv[2], bv[3]);
       }
@@ -528,11 +616,11 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   }
 
   // Merge the warps' (m, l, O) through shared memory (aliasing the K/V stages: drain every copy first).
-  // Bulk: every issued tile was consumed (and its mbarrier waited on) by the loop, so no copy is in
-  // flight; the mbarriers lie past the stages and are not overwritten.
-  if constexpr (!L::BULK) cp_async_wait<0>();
+  // Bulk / TMA: every issued tile was consumed (and its mbarrier waited on) by the loop, so no copy is
+  // in flight; the mbarriers lie past the stages and are not overwritten.
+  if constexpr (!L::MBAR) cp_async_wait<0>();
   __syncthreads();
-  float* sO = reinterpret_cast<float*>(smem_raw + L::kQBytes);  // [W][BM][OS]
+  float* sO = reinterpret_cast<float*>(smem_raw + (sK0 - smem_u32(smem_raw)));  // [W][BM][OS], over the stages
   float* sM = sO + L::W * L::BM * L::OS;                         // [W][BM]
   float* sL = sM + L::W * L::BM;                                 // [W][BM]
 #pragma unroll
