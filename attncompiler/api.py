@@ -51,6 +51,7 @@ class CompiledAttention:
     auto_decode: bool = field(default=False, repr=False)
     _decode: "CompiledAttention | None" = field(default=None, repr=False)
     _v2: "CompiledAttention | None" = field(default=None, repr=False)  # auto: v3's per-call fallback
+    _decode_cp: "CompiledAttention | None" = field(default=None, repr=False)  # auto: decode's cp.async fallback
 
     def __post_init__(self) -> None:
         _autograd.register_kernel(self)  # the custom op refers to this kernel by id
@@ -228,7 +229,7 @@ class CompiledAttention:
         dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
             # split-KV decode, or v2 for strides TMA cannot describe (same semantics and lse)
-            dec = self._decode_kernel(dims) or self._tma_fallback(q, k, v)
+            dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v)
             if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
                                           seed=seed, offset=offset, buffers=buffers, out=out)
@@ -271,13 +272,21 @@ class CompiledAttention:
         self.last_seed, self.last_offset = seed, offset
         return (o, lse) if return_lse else o
 
-    def _decode_kernel(self, dims: Any) -> "CompiledAttention | None":
-        """The decode-schedule kernel of this spec when ``schedule="auto"`` picks decode for ``dims``."""
+    def _decode_kernel(self, dims: Any, k: torch.Tensor | None = None,
+                       v: torch.Tensor | None = None) -> "CompiledAttention | None":
+        """The decode-schedule kernel of this spec when ``schedule="auto"`` picks decode for ``dims``; its
+        cp.async-loader sibling when the plan's TMA loader cannot describe k / v (e.g. ``.expand()``)."""
         from .plan.decode import decode_applies
 
         if not decode_applies(self.ir, dims.Nq, dims.Nk)[0]:
             return None
-        return self._sibling("_decode", "decode")
+        dec = self._sibling("_decode", "decode")
+        if getattr(dec.plan, "loader", "") == "tma" and k is not None and v is not None:
+            from .runtime.tma import tma_layout_error
+
+            if any(tma_layout_error(n, t) is not None for n, t in (("k", k), ("v", v))):
+                return self._sibling("_decode_cp", "decode", loader="cp_async")
+        return dec
 
     def _tma_fallback(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> "CompiledAttention | None":
         """Under ``schedule="auto"``, the v2 kernel of this spec for a v3 kernel's call whose q / k / v
@@ -290,13 +299,13 @@ class CompiledAttention:
             return None
         return self._sibling("_v2", "v2")
 
-    def _sibling(self, attr: str, schedule: str) -> "CompiledAttention":
-        """This spec's kernel for ``schedule`` (unbuilt), compiled on first use and cached in ``attr``;
-        a kernel another thread cached first wins."""
+    def _sibling(self, attr: str, schedule: str, **plan_options: Any) -> "CompiledAttention":
+        """This spec's kernel for ``schedule`` (unbuilt; ``plan_options`` as compile's), compiled on first use
+        and cached in ``attr``; a kernel another thread cached first wins."""
         with self._lock:
             sib = getattr(self, attr)
         if sib is None:
-            sib = compile(self.spec, schedule, target=self.target, build=False)
+            sib = compile(self.spec, schedule, target=self.target, build=False, **plan_options)
             with self._lock:
                 sib = getattr(self, attr) or sib
                 setattr(self, attr, sib)

@@ -31,7 +31,8 @@ def test_stages_fill_two_ctas(arch, d, stages, ctas):
     t = get_target(arch)
     p = pd.plan_decode(ProblemDims(d), t)
     assert (p.stages, p.ctas_per_sm) == (stages, ctas), p.describe()
-    assert p.smem_bytes == pd.decode_smem_bytes(d, d, p.block_n, p.stages) <= t.max_smem_per_block_optin
+    assert p.smem_bytes == pd.decode_smem_bytes(d, d, p.block_n, p.stages, p.loader) <= t.max_smem_per_block_optin
+    assert p.loader == ("tma" if t.major >= 9 else "cp_async")
     assert p.block_n == 16 * p.num_warps and p.block_m == pd.DECODE_ROWS
     assert any("stages" in r for r in p.reasons)
 
@@ -155,11 +156,17 @@ def test_cli_plan_decode(capsys):
 # ---- plan options: fold_combine (merge in the split kernel) and loader (cp_async / bulk) ----------------------
 
 def test_options_defaults():
-    """Measured defaults (plan/decode.py): cp.async loader, the combine folded into the split kernel."""
-    p = pd.plan_decode(ProblemDims(128), "sm_90")
+    """Measured defaults (plan/decode.py): the TMA loader on sm_90 (head dims multiples of 64), else cp.async;
+    the combine folded into the split kernel."""
+    t = pd.plan_decode(ProblemDims(128), "sm_90")
+    assert (t.fold_combine, t.loader, t.l2_hint) == (True, "tma", 0)
+    assert "K/V loader: tma: 3-stage TMA ring" in t.describe()
+    assert any(r.startswith("loader tma: thread 0 issues 4 tensor-map copies") for r in t.reasons)
+    assert pd.plan_decode(ProblemDims(96), "sm_90").loader == "cp_async"  # not 64-column boxes
+    p = pd.plan_decode(ProblemDims(128), "sm_80")
     assert (p.fold_combine, p.loader, p.l2_hint) == (True, "cp_async", pd.DECODE_L2_HINT)
     text = p.describe()
-    assert "K/V loader: cp_async: 3-stage cp.async ring" in text and "L2::256B hint" in text
+    assert "K/V loader: cp_async: 2-stage cp.async ring" in text and "L2::256B hint" in text
     assert "combine: folded into the split kernel" in text
     assert any(r.startswith("loader cp_async: 16-byte cp.async") for r in p.reasons)
     assert any(r.startswith("fold_combine: ") for r in p.reasons)
@@ -253,7 +260,7 @@ def test_launch_sequence(monkeypatch, fold):
     monkeypatch.setattr(launch_mod, "launch_structs", lambda fn, grid, block, smem, structs, dev: calls.append(
         ("launch", fn, grid, block, smem)))
     monkeypatch.setattr(rt, "_zero_counters", lambda params, off, cnt, dev: calls.append(("zero", off, cnt)))
-    plan = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=fold)
+    plan = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=fold, loader="cp_async")
     dims = AttnInputs(1, 32, 8, 1, 32768, 128, 128)
     c = rt.split_choice(plan, dims)
     assert c.num_splits > 1
@@ -295,7 +302,7 @@ def test_tma_loader_plan_and_source():
     assert "TMA_LOADER = true" in ks.source and "BULK_LOADER = false" in ks.source
     assert "const __grid_constant__ ac::DecodeMaps maps" in ks.source
     assert "cp.async.bulk.tensor.4d" in ks.source and f"kSmemBytes == {ks.plan.smem_bytes}" in ks.source
-    assert "const __grid_constant__" not in _render(presets.causal(128)).source
+    assert "const __grid_constant__" not in _render(presets.causal(128), loader="cp_async").source
 
 
 def test_tma_launch_passes_the_maps(monkeypatch):

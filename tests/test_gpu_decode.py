@@ -313,3 +313,30 @@ def test_decode_fold_counter_reset_by_the_kernel(monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want), f"replay {rep}: the kernel did not leave its counters at zero"
+
+
+def test_auto_decode_falls_back_to_cp_async_for_expanded_kv():
+    """schedule="auto" on an sm_90: decode's default TMA loader cannot describe K/V broadcast over heads
+    (stride 0); the call runs the cp.async-loader sibling instead, with the same answer as dense K/V."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA loader is the default on sm_90+ only")
+    from attncompiler.reference import reference_attention
+
+    kern = ac.compile(presets.plain(128))
+    q = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k1, v1 = (torch.randn(2, 1, 4097, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = k1.expand(2, 2, 4097, 128), v1.expand(2, 2, 4097, 128)
+    out = kern(q, k, v)
+    assert kern._decode is not None and kern._decode.plan.loader == "tma"
+    assert kern._decode_cp is not None and kern._decode_cp.plan.loader == "cp_async"
+    dense = kern(q, k.contiguous(), v.contiguous())  # the TMA path
+    ref = reference_attention(q.double(), k.double(), v.double(), kern.ir).to(torch.float32)
+    assert float(ref.abs().max()) > 1e-2  # a real signal, not zeros
+    err, err_dense = (float((o.float() - ref).abs().max()) for o in (out, dense))
+    assert err < 2e-3 and err_dense < 2e-3, (err, err_dense)
+    # an explicit decode kernel with the TMA loader says what it needs
+    from attncompiler.runtime.launch import InputError
+
+    tma = ac.compile(presets.plain(128), "decode", loader="tma")
+    with pytest.raises(InputError, match="loader 'tma'"):
+        tma(q, k, v)

@@ -79,11 +79,12 @@ DECODE_Q_IN_REGS_MAX = 128
 DECODE_LOADERS = ("cp_async", "bulk", "tma")
 #: the TMA loader's shared-memory alignment slack and swizzle atom (bytes)
 TMA_ALIGN = 1024
-#: the default loader.  Measured on an H100 (2026-11-21, bf16, d=128, Nq=1, CUDA-graph replays,
-#: benchmarks/decode_sweep.py --options): the bulk loader (one 256-byte cp.async.bulk per K / V row) streams
-#: at 2.0 TB/s against cp.async's 2.9-3.0 TB/s at (8, 32, 32, 32k-128k) -- 0.66x -- and 0.75x at
-#: (1, 32, 8, 32k): per-row bulk requests are too small for the TMA unit, so cp.async stays
-DECODE_LOADER = "cp_async"
+#: the default loader where it applies (sm_90+, head dims multiples of 64; else "cp_async").  Measured on an
+#: H100 (2026-11-21, bf16, d=128, Nq=1, per-call times of 20-call CUDA graphs, decode_sweep.py --splits):
+#: tma streams at 3.12 TB/s against cp.async's 2.99 at (8, 32, 32, 32k) (SDPA-cuDNN 1380.8 us: 1.00x vs
+#: 0.96x), 2.95 vs 2.83 TB/s at (1, 32, 8, 128k), 52.7 vs 54.9 us at (1, 32, 8, 32k).  The bulk loader (one
+#: 256-byte cp.async.bulk per K / V row) streamed at 0.66-0.77x of cp.async: per-row requests are too small.
+DECODE_LOADER = "tma"
 #: the default for merging the splits inside the split kernel (the last split CTA of a unit merges: one
 #: launch, no combine kernel).  Measured on an H100 (same run): (1, 32, 8, 32k), 31 splits: 71.1 -> 68.5 us
 #: (SDPA 63.8); (4, 32, 8, 64k), 8 splits: 383.6 -> 382.8; one-split shapes unchanged
@@ -93,7 +94,7 @@ DECODE_FOLD_COMBINE = True
 _REG_OVERHEAD = 80
 
 
-def decode_smem_bytes(head_dim: int, head_dim_v: int, block_n: int, stages: int, loader: str = DECODE_LOADER) -> int:
+def decode_smem_bytes(head_dim: int, head_dim_v: int, block_n: int, stages: int, loader: str = "cp_async") -> int:
     """Shared memory of one split CTA (bytes), as the kernel's DecodeLayout computes it: Q, the
     stages, and with the bulk / tma loaders one 8-byte mbarrier per stage (rounded up to 16 bytes); tma:
     1024 bytes of alignment slack, Q's padded rows rounded up to 1024, unpadded (swizzled) stages."""
@@ -169,8 +170,8 @@ def plan_decode(ir_or_dims: Any, target: Target | str | None = None, *, num_warp
     if loader is not None and loader not in DECODE_LOADERS:
         raise PlanError(f"decode: expected loader in {DECODE_LOADERS}, got {loader!r}")
     ld = DECODE_LOADER if loader is None else loader
-    if loader is None and ld == "bulk" and t.major < 9:
-        ld = "cp_async"  # the default on a target without cp.async.bulk
+    if loader is None and ld in ("bulk", "tma") and (t.major < 9 or (ld == "tma" and (D % 64 or DV % 64))):
+        ld = "cp_async"  # the default where the copy engine's loaders do not apply
     fold = DECODE_FOLD_COMBINE if fold_combine is None else fold_combine
     if ld in ("bulk", "tma"):
         if t.major < 9:
