@@ -5,6 +5,8 @@
 // N, their operand lists are long).
 #pragma once
 
+#include "attncompiler/bulk_copy.cuh"
+
 namespace ac {
 
 // A CUtensorMap (cuda.h's type, 128 bytes, 64-byte aligned), built on the host by
@@ -49,11 +51,7 @@ __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* desc) {
 // on `bar`. Out-of-range elements are written as zeros (and still counted).
 __device__ __forceinline__ void tma_load_4d(unsigned int dst, const TmaDesc* desc, int c0, int c1, int c2, int c3,
                                             unsigned int bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
+  bulk_tensor_g2s_4d(dst, desc, c0, c1, c2, c3, bar);  // bulk_copy.cuh (shared with the decode TMA loader)
 }
 
 // ---- wgmma ---------------------------------------------------------------------------------------
