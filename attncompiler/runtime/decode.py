@@ -19,8 +19,8 @@ from typing import Any
 from ..plan.decode import DecodePlan, SplitChoice, choose_splits
 from .params import CField, ctypes_struct
 
-__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice", "kv_tensor_maps",
-           "pack_decode_params", "launch_decode"]
+__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice",
+           "kv_tensor_maps", "pack_decode_params", "launch_decode"]
 
 COMBINE_ENTRY = "attn_decode_combine"
 
@@ -123,6 +123,9 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
     if getattr(plan, "loader", "cp_async") == "bulk":
         _check_bulk_alignment(params)
     dp = pack_decode_params(choice, dims)
+    structs: tuple[ctypes.Structure, ...] = (params, buffers, dp)
+    if getattr(plan, "loader", "cp_async") == "tma":  # before any GPU work: a refused layout launches nothing
+        structs += (kv_tensor_maps(params, dims, plan),)
     off, cnt = counter_slice(plan, choice, dims)
     if cnt:
         if not params.workspace:
@@ -130,9 +133,6 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
                              f"floats, got none")
         _zero_counters(params, off, cnt, device)
     grid = (choice.num_splits, dims.B * dims.H_kv, choice.row_blocks)
-    structs: tuple[ctypes.Structure, ...] = (params, buffers, dp)
-    if getattr(plan, "loader", "cp_async") == "tma":
-        structs += (kv_tensor_maps(params, dims, plan),)
     launch_structs(split_fn, grid, ks.threads, ks.smem_bytes, structs, device)
     if choice.num_splits > 1 and not plan.fold_combine:
         warps = ks.plan.combine_warps
