@@ -371,28 +371,26 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
     }
     cp_async_commit();
   };
-  if constexpr (L::TMA) {
-    if (tid == 0) {  // the thread that initialized the barriers
-#pragma unroll
-      for (int s = 0; s < L::STAGES - 1; ++s) {
-        if (j_load < my_end) {
-          decode_tma_tile<L>(sK0 + s * L::kStageBytes, sV0 + s * L::kStageBytes, bar0 + 8 * s, maps, j_load * BN,
-                             hk, b);
-          j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
-        }
+  // Bulk / TMA loaders: the issuing threads (TMA: thread 0, which initialized the barriers; bulk: warp 0)
+  // fill stage st with block j_load on its mbarrier and track j_load; the other threads only consume.
+  const bool mbar_issuer = L::TMA ? tid == 0 : warp == 0;
+  auto load_next_mbar = [&](int st) {
+    if (j_load < my_end) {
+      if constexpr (L::TMA) {
+        decode_tma_tile<L>(sK0 + st * L::kStageBytes, sV0 + st * L::kStageBytes, bar0 + 8 * st, maps, j_load * BN,
+                           hk, b);
+      } else if constexpr (L::BULK) {
+        decode_bulk_tile<L>(sK0 + st * L::kStageBytes, sV0 + st * L::kStageBytes, bar0 + 8 * st, gK, gV, p.k_sn,
+                            p.v_sn, j_load * BN, p.Nk, lane);
       }
+      j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
     }
-  } else if constexpr (L::BULK) {
-    if (warp == 0) {
-      __syncwarp();  // lane 0's mbarrier.init and fence come before any lane's copy names a barrier
+  };
+  if constexpr (L::MBAR) {
+    if (mbar_issuer) {
+      if constexpr (L::BULK) __syncwarp();  // lane 0's mbarrier.init and fence come before any lane's copy
 #pragma unroll
-      for (int s = 0; s < L::STAGES - 1; ++s) {
-        if (j_load < my_end) {
-          decode_bulk_tile<L>(sK0 + s * L::kStageBytes, sV0 + s * L::kStageBytes, bar0 + 8 * s, gK, gV, p.k_sn,
-                              p.v_sn, j_load * BN, p.Nk, lane);
-          j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
-        }
-      }
+      for (int s = 0; s < L::STAGES - 1; ++s) load_next_mbar(s);
     }
   } else {
 #pragma unroll
@@ -469,27 +467,15 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   unsigned int phases = 0;         // bulk: bit s = parity of the next phase of stage s's mbarrier
   while (j < my_end) {
     // Tile j has landed; every warp is done with the previous tile's stage, which the load below refills.
-    if constexpr (L::TMA) {
+    if constexpr (L::MBAR) {
       bulk_mbar_wait<>(bar0 + 8 * stage, (phases >> stage) & 1u);
       phases ^= 1u << stage;
       __syncthreads();
-      if (tid == 0 && j_load < my_end) {
-        bulk_fence_proxy_async_smem<>();  // the stage's ldmatrix reads (before the barrier) come first
-        decode_tma_tile<L>(sK0 + load_stage * L::kStageBytes, sV0 + load_stage * L::kStageBytes,
-                           bar0 + 8 * load_stage, maps, j_load * BN, hk, b);
-        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
-      }
-    } else if constexpr (L::BULK) {
-      bulk_mbar_wait<>(bar0 + 8 * stage, (phases >> stage) & 1u);
-      phases ^= 1u << stage;
-      __syncthreads();
-      if (warp == 0 && j_load < my_end) {  // warp-uniform
+      if (mbar_issuer && j_load < my_end) {  // (bulk: warp-uniform)
         // The stage's last readers (ldmatrix, generic proxy) are ordered before the refill (async
         // proxy) by the barrier above and this fence.
         bulk_fence_proxy_async_smem<>();
-        decode_bulk_tile<L>(sK0 + load_stage * L::kStageBytes, sV0 + load_stage * L::kStageBytes,
-                            bar0 + 8 * load_stage, gK, gV, p.k_sn, p.v_sn, j_load * BN, p.Nk, lane);
-        j_load = kv_next_block<BN, DecodeTiles>(j_load + 1, my_end, b, h0, R0, nrows, p, buf);
+        load_next_mbar(load_stage);
       }
     } else {
       cp_async_wait<L::STAGES - 2>();
