@@ -259,22 +259,33 @@ def test_launch_sequence(monkeypatch, fold):
     calls = []
     monkeypatch.setattr(launch_mod, "launch_structs", lambda fn, grid, block, smem, structs, dev: calls.append(
         ("launch", fn, grid, block, smem)))
+    monkeypatch.setattr(launch_mod, "launch_structs", lambda fn, grid, block, smem, structs, dev: calls.append(
+        ("launch", fn, grid, block, smem, structs[2].counters)))
     monkeypatch.setattr(rt, "_zero_counters", lambda params, off, cnt, dev: calls.append(("zero", off, cnt)))
+    arena = []  # what runtime/counters.py hands out: an address, or None (a capture without arena room)
+    monkeypatch.setattr(rt, "_counters", lambda dev, cnt: calls.append(("counters", cnt)) or arena[0])
     plan = pd.plan_decode(ProblemDims(128), "sm_90", fold_combine=fold, loader="cp_async")
     dims = AttnInputs(1, 32, 8, 1, 32768, 128, 128)
     c = rt.split_choice(plan, dims)
     assert c.num_splits > 1
-    rt.launch_decode(_KS(plan), 11, 22, c, dims, _fake_params(), None, None)
-    split = ("launch", 11, (c.num_splits, 8, 1), 128, plan.smem_bytes)
-    if fold:
-        off, cnt = rt.counter_slice(plan, c, dims)
-        assert calls == [("zero", off, cnt), split]
-    else:
-        assert calls == [split, ("launch", 22, (8, 1, 1), 128, 0)]
+    P = _fake_params()
+    off, cnt = rt.counter_slice(plan, c, dims)
+    for addr in (0x7000, None):
+        arena[:] = [addr]
+        calls.clear()
+        rt.launch_decode(_KS(plan), 11, 22, c, dims, P, None, None)
+        if fold:
+            ctr = addr if addr is not None else P.workspace + 4 * off
+            split = ("launch", 11, (c.num_splits, 8, 1), 128, plan.smem_bytes, ctr)
+            zero = [] if addr is not None else [("zero", off, cnt)]
+            assert calls == [("counters", cnt)] + zero + [split]
+        else:
+            split = ("launch", 11, (c.num_splits, 8, 1), 128, plan.smem_bytes, None)
+            assert calls == [split, ("launch", 22, (8, 1, 1), 128, 0, None)]
     calls.clear()
     c1 = rt.split_choice(plan, AttnInputs(8, 32, 32, 1, 131072, 128, 128))
     rt.launch_decode(_KS(plan), 11, 22, c1, AttnInputs(8, 32, 32, 1, 131072, 128, 128), _fake_params(), None, None)
-    assert calls == [("launch", 11, (1, 256, 1), 128, plan.smem_bytes)]  # one split: no combine, no counters
+    assert calls == [("launch", 11, (1, 256, 1), 128, plan.smem_bytes, None)]  # one split: no combine, no counters
 
 
 def test_bulk_launch_checks_alignment(monkeypatch):
@@ -313,6 +324,7 @@ def test_tma_launch_passes_the_maps(monkeypatch):
     calls = []
     monkeypatch.setattr(launch, "launch_structs", lambda fn, grid, thr, smem, structs, dev: calls.append(structs))
     monkeypatch.setattr(rt, "_zero_counters", lambda *a: None)
+    monkeypatch.setattr(rt, "_counters", lambda *a: 0x7000)
     seen = []
     monkeypatch.setattr(tma, "encode_attn_map",
                         lambda name, ptr, shape, strides, dtype, box: seen.append((name, shape, strides, box)) or

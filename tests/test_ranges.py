@@ -187,23 +187,44 @@ def test_rendered_prelude_has_range_hooks() -> None:
     assert "lo = 0;\n    hi = p.Nk - 1;" in plain
 
 
-def kernel_blocks(m: M, bm: int, bn: int, q_len: int, kv_len: int, b: int = 0, h: int = 0) -> tuple[list, int]:
+def kernel_blocks(m: M, bm: int, bn: int, q_len: int, kv_len: int, b: int = 0, h: int = 0, buffers=None,
+                  gallop: bool = True) -> tuple[list, int]:
     """v2_fwd.cuh's K/V loop (ranges.cuh) replayed in Python for every query block: the blocks it visits (those
-    of [kv_min / BN, kv_max / BN] that tile_class does not prove EMPTY) and its tile_class calls."""
+    of [kv_min / BN, kv_max / BN] that tile_class does not prove EMPTY) and its tile_class calls.
+    ``gallop``: kv_next_block's walk (EMPTY runs crossed by doubling ranges); False: one block at a time."""
     from attncompiler.ir.bounds import TILE_EMPTY, tile_classifier
 
-    tc, kr = tile_classifier(m.expr), kv_range(m.expr)
+    kinds = {name: "int" for name in buffers} if buffers else None  # int buffers: classified from their values
+    tc, kr = tile_classifier(m.expr, kinds), kv_range(m.expr)
     visits, calls = [], 0
     for q0 in range(0, q_len, bm):
         q_hi = min(q0 + bm, q_len) - 1
         lo, hi = kr.evaluate(q0, q_hi, b=b, h=h, q_len=q_len, kv_len=kv_len)
         lo, hi = max(lo, 0), min(hi, kv_len - 1)
         j_begin, j_end = lo // bn, (0 if lo > hi else hi // bn + 1)
-        for j in range(j_begin, j_end):
+
+        def empty(j_lo: int, j_hi: int) -> bool:
+            nonlocal calls
             calls += 1
-            if tc.classify(q0, q_hi, j * bn, min(j * bn + bn, kv_len) - 1, b=b, h=h, q_len=q_len,
-                           kv_len=kv_len) != TILE_EMPTY:
-                visits.append((q0, j))
+            return tc.classify(q0, q_hi, j_lo * bn, min(j_hi * bn, kv_len) - 1, b=b, h=h, q_len=q_len,
+                               kv_len=kv_len, buffers=buffers) == TILE_EMPTY
+
+        def next_block(j: int) -> int:
+            s = 1
+            while j < j_end:
+                j_hi = min(j + s, j_end)
+                if empty(j, j_hi):
+                    j, s = j_hi, (2 * s if gallop else 1)
+                elif s == 1:
+                    break
+                else:
+                    s //= 2
+            return j
+
+        j = next_block(j_begin)
+        while j < j_end:
+            visits.append((q0, j))
+            j = next_block(j + 1)
     return visits, calls
 
 
@@ -224,6 +245,28 @@ def test_kernel_loop_visits_every_visible_tile(m: M, shape: tuple[int, int, int,
                 assert (q0, j) in seen, (m.expr, shape, q0, j)
     total = -(-q_len // bm) * -(-kv_len // bn)
     assert calls <= total
+
+
+@pytest.mark.parametrize("doc_len", [1, 37, 300, 1000])
+@pytest.mark.parametrize("causal_too", [False, True])
+def test_gallop_visits_what_the_linear_scan_visits(doc_len: int, causal_too: bool) -> None:
+    """Document masks (run-time classification from the buffer's range): galloping over the other
+    documents' blocks visits exactly the blocks the one-at-a-time scan visits, and with long documents
+    it classifies far fewer ranges."""
+    from _bruteforce import DOC_BUF
+
+    n, bm, bn = 4096, 128, 64
+    docs = [i // doc_len for i in range(n)]
+    m = M(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV]), lambda b, h, q, kv, ql, kl: docs[q] == docs[kv], False)
+    if causal_too:
+        m = m & causal()
+    bufs = {"doc": docs}
+    linear, linear_calls = kernel_blocks(m, bm, bn, n, n, buffers=bufs, gallop=False)
+    galloped, calls = kernel_blocks(m, bm, bn, n, n, buffers=bufs)
+    assert galloped == linear
+    assert calls <= linear_calls + len(linear)  # a halving step costs at most one call per visited block
+    if doc_len >= 300:  # long EMPTY runs (4096 keys, 64 per block: 2048 calls one block at a time)
+        assert calls < 0.6 * linear_calls, (calls, linear_calls)
 
 
 def test_window_scan_cost_at_16k() -> None:

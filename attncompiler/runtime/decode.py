@@ -4,11 +4,12 @@ Both kernels take ``(AttnParams, AttnBuffers, DecodeParams)``; :data:`DECODE_PAR
 ``struct DecodeParams`` once for C (emitted into the translation unit) and ctypes.  The workspace
 (``AttnParams.workspace``, allocated by the caller from :func:`workspace_floats`) holds the partial
 results: ``num_splits * R * DV`` floats of normalized partial O, then ``num_splits * R`` partial LSEs,
-R = B*H*Nq rows (docs/architecture.md, "Decode"); with the plan's ``fold_combine``, then one int32
-counter per (batch, K/V head, row block) (:func:`counter_slice`), which must be zero before the split
-kernel runs: :func:`launch_decode` zeroes it on the launch stream (the caller allocates the workspace
-per call, uninitialized), and the kernel's last CTA per unit leaves it zero again.  With
-``fold_combine`` only the split kernel is launched.
+R = B*H*Nq rows (docs/architecture.md, "Decode").  With the plan's ``fold_combine`` the split kernel
+counts its splits in on one int32 counter per (batch, K/V head, row block), ``DecodeParams.counters``,
+which must be zero when it starts and which its last CTA per unit leaves zero again: the counters come
+from :mod:`attncompiler.runtime.counters` (zeroed once, per stream or per captured launch), or, inside
+a graph capture that finds no room there, from the workspace's tail (:func:`counter_slice`), zeroed on
+the launch stream first.  With ``fold_combine`` only the split kernel is launched.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ DECODE_PARAM_FIELDS: tuple[CField, ...] = (
     CField("group", "int", "query heads per K/V head (H / H_kv)"),
     CField("rows", "int", "rows of one K/V head's group: group * Nq"),
     CField("total_rows", "int", "rows of the output: B * H * Nq"),
+    CField("counters", "int*", "fold_combine: B * H_kv * row_blocks zeroed int32 counters (left zero)"),
 )
 
 
@@ -94,6 +96,12 @@ def _zero_counters(params: ctypes.Structure, offset: int, count: int, device: An
     runtime.memsetAsync(int(params.workspace) + 4 * offset, 0, 4 * count, stream)
 
 
+def _counters(device: Any, count: int) -> int | None:
+    from .counters import counters
+
+    return counters(device, count)
+
+
 def kv_tensor_maps(params: ctypes.Structure, dims: Any, plan: DecodePlan) -> ctypes.Structure:
     """``struct DecodeMaps`` of the "tma" loader: the K and V tensor maps (boxes of 64 columns x BLOCK_N
     rows) from the packed pointers and element strides; a layout the copy engine cannot address is an
@@ -131,7 +139,11 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
         if not params.workspace:
             raise ValueError(f"decode fold_combine: expected a workspace of {workspace_floats(choice, dims, plan)} "
                              f"floats, got none")
-        _zero_counters(params, off, cnt, device)
+        addr = _counters(device, cnt)
+        if addr is None:  # a capture with no arena room: the workspace's own counters, zeroed in the call
+            addr = int(params.workspace) + 4 * off
+            _zero_counters(params, off, cnt, device)
+        dp.counters = addr
     grid = (choice.num_splits, dims.B * dims.H_kv, choice.row_blocks)
     launch_structs(split_fn, grid, ks.threads, ks.smem_bytes, structs, device)
     if choice.num_splits > 1 and not plan.fold_combine:

@@ -31,6 +31,7 @@ _CTYPES = {
     "float*": ctypes.c_void_p,
     "const float*": ctypes.c_void_p,
     "const int*": ctypes.c_void_p,
+    "int*": ctypes.c_void_p,
     "long long": ctypes.c_longlong,
     "int": ctypes.c_int,
     "unsigned int": ctypes.c_uint,

@@ -30,8 +30,8 @@
 //       ws[0 : S*R*DV]           partial O,   [split][row][DV], row = (b*H + h)*Nq + qi  (R = B*H*Nq)
 //       ws[S*R*DV : S*R*(DV+1)]  partial LSE, [split][row], natural log, -inf for a split with no visible key
 //   * FOLD_COMBINE (num_splits > 1 only): after its partial write each CTA fences and increments the
-//     int counter of its (b, h_kv, row block), ws[S*R*(DV+1) + (b*H_kv + h_kv)*row_blocks + row block]
-//     (B*H_kv*row_blocks ints, zeroed by the launcher before the first launch); the CTA that sees
+//     int counter of its (b, h_kv, row block), dp.counters[(b*H_kv + h_kv)*row_blocks + row block]
+//     (B*H_kv*row_blocks ints, zero when the kernel starts: runtime/counters.py); the CTA that sees
 //     S-1 (the last split to finish) reads every split's partials of its rows from L2 (ld.global.cg),
 //     writes O and LSE exactly as attn_decode_combine does, and resets the counter to 0 for the next
 //     launch (CUDA-graph replays included). No combine launch follows.
@@ -197,8 +197,7 @@ __device__ __forceinline__ void decode_fold_tail(const AttnParams& p, const Deco
   const int lane = tid & 31;
   const int S = dp.num_splits;
   const long long R = dp.total_rows;
-  int* counter = reinterpret_cast<int*>(p.workspace + (long long)S * R * (DV + 1)) +
-                 (blockIdx.y * gridDim.z + blockIdx.z);
+  int* counter = dp.counters + (blockIdx.y * gridDim.z + blockIdx.z);
 
   __threadfence();  // this thread's partial stores, ordered before the barrier
   __syncthreads();

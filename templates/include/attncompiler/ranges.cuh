@@ -30,18 +30,32 @@ __device__ __forceinline__ void kv_block_range(int b, int h, int q_lo, int q_hi,
 }
 
 // The first block j' >= j below j_end that Tiles::tile_class does not prove EMPTY (j_end: none).
-// Called on in-range blocks only, where the scan is short (window edges). Tiles: a class with a
-// static tile_class of Variant's signature, given (b, h, q_lo, q_hi) as they are -- Variant itself,
-// or decode's union over a CTA's heads (DecodeTiles, whose three ints are first head, row, rows).
+// Runs of EMPTY blocks (other documents of a document mask, the gaps of a chunked one) are crossed
+// by galloping: the range [j, j + s) is classified as one tile, s doubles after each EMPTY range
+// and halves, without advancing, at a range that is not; the walk stops at a single block that is
+// not EMPTY. The classifier is sound on any range (an EMPTY range has no visible key, so neither
+// has any block in it), so nothing visible is skipped, and a run of r EMPTY blocks costs O(log r)
+// calls instead of r; a block right after a visited one costs one call, as before. Tiles: a class
+// with a static tile_class of Variant's signature, given (b, h, q_lo, q_hi) as they are -- Variant
+// itself, or decode's union over a CTA's heads (DecodeTiles, whose three ints are first head, row,
+// rows).
 template <int BN, class Tiles = Variant>
 __device__ __forceinline__ int kv_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                              const AttnBuffers& buf) {
   if constexpr (Variant::kHasMask) {
+    int s = 1;
     while (j < j_end) {
+      const int j_hi = min(j + s, j_end);
       const int kv_lo = j * BN;
-      const int kv_hi = min(kv_lo + BN, p.Nk) - 1;
-      if (Tiles::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) != AC_TILE_EMPTY) break;
-      ++j;
+      const int kv_hi = min(j_hi * BN, p.Nk) - 1;
+      if (Tiles::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) == AC_TILE_EMPTY) {
+        j = j_hi;
+        s *= 2;
+      } else if (s == 1) {
+        break;
+      } else {
+        s >>= 1;
+      }
     }
   }
   return j;
