@@ -44,12 +44,14 @@ def torch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                    dout: torch.Tensor, ir: AttentionIR, *, buffers: Mapping[str, torch.Tensor], scale: float,
                    dropout_p: float, seed: int, offset: int, dlse: Optional[torch.Tensor] = None,
                    buffer_grads: tuple[str, ...] = (), dtype: torch.dtype = torch.float32,
-                   q_chunk: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                   q_chunk: Optional[int] = None, b_start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                            dict[str, torch.Tensor]]:
     """(dq, dk, dv, {buffer: grad}) in ``dtype`` for the attention ``ir`` at (q, k, v) -> (out, lse).
 
     ``buffers`` maps every buffer of ``ir`` to its tensor; ``buffer_grads`` names the float buffers
-    whose gradient is wanted (GradError, naming the buffer, if it has none)."""
+    whose gradient is wanted (GradError, naming the buffer, if it has none).  ``b_start``: batch entry
+    ``b`` is batch ``b_start + b`` for the mods' ``b`` and the dropout bits (one sequence of a packed
+    batch at a time)."""
     B, H, Nq, D = q.shape
     Hkv, Nk, DV = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
@@ -74,7 +76,7 @@ def torch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         return dq, dk, dv, {n: g.to(dtype) for n, g in gbuf.items()}
     if q_chunk is None:
         q_chunk = max(16, _CHUNK_ELEMS // max(1, B * H * Nk) // 16 * 16)
-    b_idx = torch.arange(B, device=dev).view(B, 1, 1, 1)
+    b_idx = torch.arange(b_start, b_start + B, device=dev).view(B, 1, 1, 1)
     h_idx = torch.arange(H, device=dev).view(1, H, 1, 1)
     kv_idx = torch.arange(Nk, device=dev).view(1, 1, 1, Nk)
     dlse_f = dlse.to(dtype) if dlse is not None else None
@@ -100,7 +102,7 @@ def torch_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         z = torch.ones((), dtype=dtype, device=dev)
         if dropout_p > 0.0:
             keep = dropout_keep_mask(B, H, Nq, Nk, seed=seed, offset=offset, p=dropout_p, device=dev,
-                                     q_start=r0, q_end=r1)
+                                     q_start=r0, q_end=r1, b_start=b_start)
             z = keep.to(dtype) / (1.0 - dropout_p)
         doc = dof[:, :, r0:r1]
         dp = torch.matmul(doc.reshape(B, Hkv, G, n, DV), vt).reshape(shape)

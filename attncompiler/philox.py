@@ -154,13 +154,15 @@ def dropout_keep_mask(
     device: torch.device | str | None = None,
     q_start: int = 0,
     q_end: int | None = None,
+    b_start: int = 0,
 ) -> torch.Tensor:
     """Dropout keep bits, ``torch.bool`` of shape (B, H, q_end - q_start, Nk) (by default (B, H, Nq, Nk)).
 
     Element [b, h, i, k] is the keep bit of query row ``q_start + i`` and key ``k`` exactly as the
     CUDA kernels compute it (``ac_dropout_keep``).  ``seed`` is a 64-bit Philox key; only the low
     32 bits of ``offset`` are used.  ``q_start``/``q_end`` select a block of query rows, so callers
-    that work in row chunks get the same bits as a full call.  Generated internally in row chunks
+    that work in row chunks get the same bits as a full call; ``b_start`` likewise makes batch entry
+    ``b`` of the result batch ``b_start + b`` (one sequence of a packed batch).  Generated internally in row chunks
     so that the int64 temporaries stay small whatever the size of the result.
     """
     B, H, Nq, Nk = (_check_index(n, v) for n, v in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk)))
@@ -170,10 +172,11 @@ def dropout_keep_mask(
     offset = _check_index("offset", offset)
     q_start = _check_index("q_start", q_start)
     q_end = Nq if q_end is None else _check_index("q_end", q_end)
+    b_start = _check_index("b_start", b_start)
     if not q_start <= q_end <= Nq:
         raise ValueError(f"expected 0 <= q_start <= q_end <= Nq={Nq}, got q_start={q_start}, q_end={q_end}")
-    if B * H > 1 << 32:
-        raise ValueError(f"expected B * H <= 2**32 (counter word c2), got {B * H}")
+    if (b_start + B) * H > 1 << 32:
+        raise ValueError(f"expected (b_start + B) * H <= 2**32 (counter word c2), got {(b_start + B) * H}")
     threshold = dropout_threshold(p)
     device = torch.device(device) if device is not None else torch.device("cpu")
     out = torch.empty((B * H, q_end - q_start, Nk), dtype=torch.bool, device=device)
@@ -193,6 +196,7 @@ def dropout_keep_mask(
         r1 = min(q_end, (r0 // 16) * 16 + rows)
         for bh0 in range(0, BH, bh_step):
             bh1 = min(BH, bh0 + bh_step)
-            out[bh0:bh1, r0 - q_start:r1 - q_start] = _keep_block(bh0, bh1, r0, r1, Nk, key, c3, threshold, device)
+            out[bh0:bh1, r0 - q_start:r1 - q_start] = _keep_block(b_start * H + bh0, b_start * H + bh1, r0, r1, Nk,
+                                                                  key, c3, threshold, device)
         r0 = r1
     return out.view(B, H, q_end - q_start, Nk)

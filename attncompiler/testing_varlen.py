@@ -81,9 +81,12 @@ def check_varlen_kernel(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Se
 def check_varlen_grads(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Sequence[int]] = None, H: int = 2, *,
                        H_kv: Optional[int] = None, seed: int = 1234, factor: float = 2.0,
                        deterministic: bool = False, use_lse: bool = False,
-                       buffers: Optional[Mapping[str, torch.Tensor]] = None) -> VarlenCheck:
+                       buffers: Optional[Mapping[str, torch.Tensor]] = None,
+                       buffer_grads: tuple[str, ...] = ()) -> VarlenCheck:
     """dq, dk, dv of ``kernel`` on a packed batch (poisoned before the kernels run) against float64
-    autograd of the reference, by the error-ratio rule; ``use_lse`` adds lse to the loss."""
+    autograd of the reference, by the error-ratio rule; ``use_lse`` adds lse to the loss;
+    ``buffer_grads`` names float buffers made learnable (``requires_grad``) whose gradients are checked
+    too."""
     from . import autograd
 
     sk = list(seqlens_q if seqlens_k is None else seqlens_k)
@@ -94,27 +97,30 @@ def check_varlen_grads(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Seq
     dout = torch.randn(q.shape[0], H, kernel.ir.head_dim_v, device=q.device).to(q.dtype)
     dlse = torch.randn(H, q.shape[0], device=q.device) if use_lse else None
 
-    def run(fn, tensors):
+    def run(fn, tensors, bufs_in):
         leaves = [t.detach().clone().requires_grad_() for t in tensors]
-        o, lse = fn(*leaves)
+        learn = {n: bufs_in[n].detach().clone().requires_grad_() for n in buffer_grads}
+        o, lse = fn(*leaves, {**bufs_in, **learn})
         loss = (o.double() * dout.double()).sum()
         if dlse is not None:
             loss = loss + (torch.where(torch.isfinite(lse), lse.double(), 0.0) * dlse.double()).sum()
-        return torch.autograd.grad(loss, leaves, allow_unused=True)
+        return torch.autograd.grad(loss, leaves + [learn[n] for n in buffer_grads], allow_unused=True)
 
     old = autograd.POISON_GRADS
     autograd.POISON_GRADS = True
     try:
-        got = run(lambda a, b, c: kernel(a, b, c, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seed=seed, buffers=buffers,
-                                         return_lse=True, deterministic=deterministic), (q, k, v))
+        got = run(lambda a, b, c, bf: kernel(a, b, c, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seed=seed, buffers=bf,
+                                             return_lse=True, deterministic=deterministic), (q, k, v), bufs)
     finally:
         autograd.POISON_GRADS = old
     bufs64 = {n: t.double() if t.is_floating_point() else t for n, t in bufs.items()}
-    ref = run(lambda a, b, c: reference_varlen(a, b, c, cu_q, cu_k, kernel.ir, buffers=bufs64, seed=seed),
-              [t.double() for t in (q, k, v)])
-    eag = run(lambda a, b, c: eager_varlen(a, b, c, cu_q, cu_k, kernel.ir, buffers=bufs, seed=seed), (q, k, v))
+    ref = run(lambda a, b, c, bf: reference_varlen(a, b, c, cu_q, cu_k, kernel.ir, buffers=bf, seed=seed),
+              [t.double() for t in (q, k, v)], bufs64)
+    eag = run(lambda a, b, c, bf: eager_varlen(a, b, c, cu_q, cu_k, kernel.ir, buffers=bf, seed=seed), (q, k, v),
+              bufs)
     msgs, ok = [], True
-    for name, g, r, e, t in zip(("dq", "dk", "dv"), got, ref, eag, (q, k, v)):
+    names = ("dq", "dk", "dv", *(f"d{n}" for n in buffer_grads))
+    for name, g, r, e, t in zip(names, got, ref, eag, (q, k, v, *(bufs[n] for n in buffer_grads))):
         r = torch.zeros_like(t, dtype=torch.float64) if r is None else r
         e = torch.zeros_like(t) if e is None else e
         if g is None:

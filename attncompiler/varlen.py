@@ -6,16 +6,20 @@ with ``return_lse``, lse (H, total_q) float32 (layout and checks: :mod:`attncomp
 The mods see b = the sequence index and sequence-local q_idx / kv_idx; Q_LEN / KV_LEN are the
 sequence's lengths (so ``causal=True`` is bottom-right aligned per sequence).
 
-Two ``torch.library`` ops, registered when this module is imported (nothing runs at import):
+Three ``torch.library`` ops, registered when this module is imported (nothing runs at import):
 
 ``attncompiler::attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id,
 max_seqlen_q, max_seqlen_k, scale, dropout_p, rng, deterministic) -> (out, lse)``
 ``attncompiler::attention_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
 buffers, kernel_id, max_seqlen_q, max_seqlen_k, scale, dropout_p, rng, deterministic) -> (dq, dk, dv)``
+``attncompiler::attention_varlen_bwd_buffers(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
+buffers, need, kernel_id, scale, dropout_p, rng) -> [grad per buffer]`` (learnable captured buffers)
 
 ``max_seqlen_*`` = -1 means "the longest sequence" (read from cu_seqlens).  On CPU tensors the ops
 run :func:`reference_varlen` in float32 (and its autograd), so the integration is testable without
-a GPU.  Learnable captured buffers are not differentiated through the varlen path (an error says so).
+a GPU.  Learnable captured buffers (``requires_grad`` float tensors, e.g. a relative-bias table) get
+their gradients from the chunked torch backward (:func:`attncompiler.backward_torch.torch_backward`)
+run sequence by sequence, as the padded path computes them.
 """
 from __future__ import annotations
 
@@ -141,6 +145,15 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q, max
     return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
+def _seq_view(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, rq: slice,
+              rk: slice) -> tuple[Tensor, ...]:
+    """Sequence (rq, rk) of a packed batch as a batch of one, in torch_backward's argument order:
+    q, k, v, out, dout as (1, H, N, d) views, lse as (1, H, N)."""
+    def seq(t: Tensor, r: slice) -> Tensor:
+        return t[r].transpose(0, 1).unsqueeze(0)
+    return seq(q, rq), seq(k, rk), seq(v, rk), seq(out, rq), lse[:, rq].unsqueeze(0), seq(dout, rq)
+
+
 def _cpu_backward(ir: AttentionIR, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   dlse: Optional[Tensor], cu_q: Tensor, cu_k: Tensor, bufs: Mapping[str, Tensor], *, scale: float,
                   dropout_p: float, seed: int, offset: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -149,18 +162,13 @@ def _cpu_backward(ir: AttentionIR, dout: Tensor, q: Tensor, k: Tensor, v: Tensor
 
     cq = [int(x) for x in cu_q.tolist()]
     ck = [int(x) for x in cu_k.tolist()]
-    batch = _uses_batch(ir, dropout_p)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype) for t in (q, k, v))
     for b in range(len(cq) - 1):
         rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-        n = b + 1 if batch else 1
-        def seq(t: Tensor, r: slice) -> Tensor:  # noqa: E306
-            return t[r].transpose(0, 1).unsqueeze(0).expand(n, *t[r].transpose(0, 1).shape)
-        lb = lse[:, rq].unsqueeze(0).expand(n, -1, -1)
-        dlb = None if dlse is None else dlse[:, rq].unsqueeze(0).expand(n, -1, -1)
-        g = torch_backward(seq(q, rq), seq(k, rk), seq(v, rk), seq(out, rq), lb, seq(dout, rq), ir, buffers=bufs,
-                           scale=scale, dropout_p=dropout_p, seed=seed, offset=offset, dlse=dlb)
-        dq[rq], dk[rk], dv[rk] = (x[-1].transpose(0, 1).to(q.dtype) for x in g[:3])
+        g = torch_backward(*_seq_view(q, k, v, out, lse, dout, rq, rk), ir, buffers=bufs, scale=scale,
+                           dropout_p=dropout_p, seed=seed, offset=offset, b_start=b,
+                           dlse=None if dlse is None else dlse[:, rq].unsqueeze(0))
+        dq[rq], dk[rk], dv[rk] = (x[0].transpose(0, 1).to(q.dtype) for x in g[:3])
     return dq, dk, dv
 
 
@@ -190,6 +198,39 @@ def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, buffers, kernel
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
+@torch.library.custom_op("attncompiler::attention_varlen_bwd_buffers", mutates_args=())
+def _varlen_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
+                        need: list[bool], kernel_id: int, scale: float, dropout_p: float,
+                        rng: Tensor) -> list[Tensor]:
+    """Gradients of the learnable buffers (``need``; zeros for the others): the chunked torch backward of
+    each sequence with b = its index, summed over the sequences (float64 accumulation)."""
+    from .backward_torch import torch_backward
+
+    kern = _kernel(kernel_id)
+    seed, offset = _rng(rng)
+    bufs = _bufs(kern, buffers)
+    names = tuple(n for n, want in zip(bufs, need) if want)
+    total = {n: torch.zeros(bufs[n].shape, dtype=torch.float64, device=bufs[n].device) for n in names}
+    cq = [int(x) for x in cu_seqlens_q.tolist()]
+    ck = [int(x) for x in cu_seqlens_k.tolist()]
+    for b in range(len(cq) - 1):
+        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        if cq[b + 1] == cq[b] or ck[b + 1] == ck[b]:
+            continue  # no score of this sequence: nothing to add
+        *_, grads = torch_backward(*_seq_view(q, k, v, out, lse, dout, rq, rk), kern.ir, buffers=bufs, scale=scale,
+                                   dropout_p=dropout_p, seed=seed, offset=offset, b_start=b, buffer_grads=names,
+                                   dlse=None if dlse is None else dlse[:, rq].unsqueeze(0))
+        for n in names:
+            total[n] += grads[n].to(device=total[n].device, dtype=torch.float64)
+    return [total[n].to(t.dtype) if n in total else torch.zeros_like(t) for n, t in bufs.items()]
+
+
+@_varlen_bwd_buffers.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, buffers, need, kernel_id, scale, dropout_p, rng):
+    return [torch.empty_like(b) for b in buffers]
+
+
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     (q, k, v, cu_q, cu_k, buffers, kernel_id, max_q, max_k, scale, dropout_p, rng, deterministic) = inputs
     out, lse = output
@@ -197,6 +238,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng, *buffers)
     ctx.args = (kernel_id, max_q, max_k, scale, dropout_p, deterministic)
     ctx.kernel = _kernel(kernel_id)  # keeps the (weakly registered) kernel alive for the backward
+    ctx.buffers_need_grad = [bool(b.requires_grad and b.is_floating_point()) for b in buffers]
 
 
 def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
@@ -207,7 +249,13 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
     dq, dk, dv = torch.ops.attncompiler.attention_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, buffers,
                                                              kernel_id, max_q, max_k, scale, dropout_p, rng,
                                                              deterministic)
-    return dq, dk, dv, None, None, [None] * len(buffers), None, None, None, None, None, None, None
+    gb: list = [None] * len(buffers)
+    if any(ctx.buffers_need_grad):
+        gb = list(torch.ops.attncompiler.attention_varlen_bwd_buffers(
+            dout, q, k, v, out, lse, dlse, cu_q, cu_k, buffers, ctx.buffers_need_grad, kernel_id, scale, dropout_p,
+            rng))
+        gb = [g if want else None for g, want in zip(gb, ctx.buffers_need_grad)]
+    return dq, dk, dv, None, None, gb, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("attncompiler::attention_varlen_fwd", _backward, setup_context=_setup_context)
@@ -248,10 +296,6 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
             raise InputError(f"{name}: expected a CUDA tensor, got {getattr(t, 'device', type(t).__name__)}")
     if out is not None:
         raise InputError("out: expected None when inputs require grad or under torch.compile, got a tensor")
-    learn = [n for n, t in buffers.items() if isinstance(t, Tensor) and t.requires_grad and t.is_floating_point()]
-    if learn:
-        raise InputError(f"buffers {learn}: expected no learnable buffers with packed sequences (their gradients "
-                         f"are not computed in the varlen path), got requires_grad=True; detach them")
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
     rng = autograd.make_rng(seed if p_drop > 0 else 0, offset)
     kid = kern._op_id or autograd.register_kernel(kern)

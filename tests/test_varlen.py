@@ -82,6 +82,42 @@ def test_cpu_ops_forward_backward_match_float64_autograd():
     assert torch.all(got[1][:3] == 0) and torch.all(got[2][:3] == 0)  # keys nobody queries
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_cpu_ops_learnable_buffer_gradients(dropout_p):
+    """A learnable relative-bias table and a b-indexed key-padding mask (the mods read b; dropout's counter
+    too): the ops' gradients of q, k, v and the table equal float64 autograd through the per-sequence
+    reference (sequence b is batch entry b)."""
+    from attncompiler.spec import presets
+
+    g = torch.Generator().manual_seed(2)
+    table = torch.randn(H, 2 * 8 + 1, generator=g)
+    kpm = torch.rand(4, 64, generator=g) > 0.2
+    bias = presets.relative_bias_score_mod(table)
+    spec = ac.AttentionSpec(D, dropout_p=dropout_p, score_mod=bias, mask_mod=lambda b, h, q, k: kpm[b, k])
+    kern = ac.compile(spec, "v2", target="sm_90", build=False)
+    lens_q, lens_k = [7, 0, 30, 19], [9, 4, 30, 0]
+    q = torch.randn(sum(lens_q), H, D, generator=g)
+    k, v = (torch.randn(sum(lens_k), H, D, generator=g) for _ in range(2))
+    cu_q = torch.tensor([0, *lens_q]).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0, *lens_k]).cumsum(0).to(torch.int32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, table)]
+    bufs = dict(kern._buffers, bias_table=leaves[3])
+    args = list(_op_args(kern, *leaves[:3], cu_q, cu_k))
+    args[5] = [bufs[b.name] for b in kern.ir.buffers]
+    args[10], args[11] = dropout_p, autograd.make_rng(11, 3)
+    o, lse = torch.ops.attncompiler.attention_varlen_fwd(*args)
+    dout = torch.randn(o.shape, generator=g)
+    got = torch.autograd.grad((o * dout).sum(), leaves)
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v, table)]
+    ro, _ = reference_varlen(*ref_leaves[:3], cu_q, cu_k, kern.ir, dropout_p=dropout_p, seed=11, offset=3,
+                             buffers=dict(kern._buffers, bias_table=ref_leaves[3]))
+    want = torch.autograd.grad((ro * dout.double()).sum(), ref_leaves)
+    assert torch.allclose(o.double(), ro, atol=1e-5)
+    for name, a, b in zip("q k v table".split(), got, want):
+        assert a.shape == b.shape and torch.allclose(a.double(), b, atol=1e-4), (name, (a.double() - b).abs().max())
+    assert want[3].abs().max() > 0.1  # the table's gradient is not trivially zero
+
+
 def test_ops_schema_and_fake_kernels():
     kern = ac.compile(ac.AttentionSpec(D, causal=True), "v2", target="sm_90", build=False)
     q, k, v = (torch.randn(12, 2, D).to(torch.bfloat16) for _ in range(3))
@@ -94,6 +130,19 @@ def test_ops_schema_and_fake_kernels():
              autograd.make_rng(0, 0), False)
     torch.library.opcheck(torch.ops.attncompiler.attention_varlen_bwd.default, bargs,
                           test_utils=("test_schema", "test_faketensor"))
+    table = torch.randn(2, 9)
+    bias = ac.compile(ac.AttentionSpec(D, score_mod=presets_bias(table)), "v2", target="sm_90", build=False)
+    o2, lse2 = torch.ops.attncompiler.attention_varlen_fwd(*_op_args(bias, q, k, v, cu, cu))
+    gargs = (o2, q, k, v, o2, lse2, None, cu, cu, [table], [True], bias._op_id, bias.ir.scale, 0.0,
+             autograd.make_rng(0, 0))
+    torch.library.opcheck(torch.ops.attncompiler.attention_varlen_bwd_buffers.default, gargs,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def presets_bias(table):
+    from attncompiler.spec import presets
+
+    return presets.relative_bias_score_mod(table)
 
 
 def _sources(spec, arch: str):
