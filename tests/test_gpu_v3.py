@@ -105,7 +105,7 @@ def test_forced_tiles(block_n, stages):
 
 
 @needs_hopper
-@pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "document", "dropout"])
+@pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_persistent(name, head_dim):
     # B*H*query blocks > SMs at 4096, so CTAs loop over several tiles (Q reload, ring across tiles)
@@ -117,6 +117,19 @@ def test_persistent(name, head_dim):
     for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
         res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
         assert res.ok, f"persistent causal GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+
+
+@needs_hopper
+def test_persistent_tiles_without_keys():
+    """Persistent CTAs meet tiles with no visible key between tiles with keys (rows < 700 see nothing):
+    the Q reload and the ring run on across them; fully masked rows give 0, never NaN."""
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= 700) & (kv_idx <= q_idx)
+
+    kern = ac.compile(ac.AttentionSpec(head_dim=128, mask_mod=mask), "v3", persistent=True)
+    for n in (1023, 4096):
+        res = check_kernel(kern, B, H, n)
+        assert res.ok, f"N={n}: {res}"
 
 
 @needs_hopper
