@@ -284,6 +284,25 @@ def test_decode_options_cuda_graph_replays(opt, shape):
         assert res.ok, str(res)
 
 
+def _capture(run) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one ``run()``, captured on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        run()
+    torch.cuda.synchronize()
+    return g
+
+
+def _assert_replays(g: torch.cuda.CUDAGraph, out: torch.Tensor, want: torch.Tensor, n: int = 2) -> None:
+    for rep in range(n):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"replay {rep}"
+
+
 def test_decode_fold_counters_zeroed_once(monkeypatch):
     """fold_combine's counters come zeroed from runtime/counters.py and the kernel's last CTA leaves them
     zero: eager calls on one stream reuse one slice, a captured call takes a slice of its own, and no
@@ -305,18 +324,9 @@ def test_decode_fold_counters_zeroed_once(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(out, want), f"eager call {rep}: counters not left at zero"
     assert counters.arena_stats()["used"] == used, "eager calls on one stream should reuse its slice"
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        run()
-    torch.cuda.synchronize()
+    g = _capture(run)
     assert counters.arena_stats()["used"] > used, "a captured call takes a slice of its own"
-    for rep in range(2):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, want), f"replay {rep}"
+    _assert_replays(g, out, want)
     out.fill_(float("nan"))
     run()
     torch.cuda.synchronize()
@@ -335,18 +345,9 @@ def test_decode_fold_counters_in_capture_without_arena_room(monkeypatch):
     real_zero = rt._zero_counters
     monkeypatch.setattr(rt, "_counters", lambda device, count: None)
     monkeypatch.setattr(rt, "_zero_counters", lambda *a: zeroed.append(a) or real_zero(*a))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        run()
-    torch.cuda.synchronize()
+    g = _capture(run)
     assert len(zeroed) == 1
-    for rep in range(2):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, want), f"replay {rep}"
+    _assert_replays(g, out, want)
 
 
 def test_decode_fold_counters_concurrent_streams():
