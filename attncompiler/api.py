@@ -224,15 +224,19 @@ class CompiledAttention:
         offset: int,
         buffers: Mapping[str, torch.Tensor],
         out: torch.Tensor | None,
+        dims: Any = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The forward launch (no autograd): validates, allocates and runs the kernel."""
-        dims = check_inputs(q, k, v, self.ir)
+        """The forward launch (no autograd): validates, allocates and runs the kernel.  ``dims``: the
+        inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them."""
+        if dims is None:
+            dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
             # split-KV decode, or v2 for strides TMA cannot describe (same semantics and lse)
             dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v)
             if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
-                                          seed=seed, offset=offset, buffers=buffers, out=out)
+                                          seed=seed, offset=offset, buffers=buffers, out=out,
+                                          dims=dims)  # the sibling compiles this spec: the same checks
                 if hasattr(dec, "last_seed"):
                     self.last_seed, self.last_offset = dec.last_seed, dec.last_offset
                 return res
