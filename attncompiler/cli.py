@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import sys
 import time
 from pathlib import Path
