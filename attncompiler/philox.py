@@ -162,8 +162,8 @@ def dropout_keep_mask(
     CUDA kernels compute it (``ac_dropout_keep``).  ``seed`` is a 64-bit Philox key; only the low
     32 bits of ``offset`` are used.  ``q_start``/``q_end`` select a block of query rows, so callers
     that work in row chunks get the same bits as a full call; ``b_start`` likewise makes batch entry
-    ``b`` of the result batch ``b_start + b`` (one sequence of a packed batch).  Generated internally in row chunks
-    so that the int64 temporaries stay small whatever the size of the result.
+    ``b`` of the result batch ``b_start + b`` (one sequence of a packed batch).  Generated internally in
+    row chunks so that the int64 temporaries stay small whatever the size of the result.
     """
     B, H, Nq, Nk = (_check_index(n, v) for n, v in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk)))
     seed = _check_index("seed", seed)

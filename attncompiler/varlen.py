@@ -42,18 +42,21 @@ def _uses_batch(ir: AttentionIR, dropout_p: float) -> bool:
     return dropout_p > 0 or any(SYM_B in e.free_symbols for e in exprs)
 
 
-def _per_sequence(fn: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, ir: AttentionIR,
-                  dropout_p: Optional[float], out_dtype: torch.dtype, **kw: Any) -> tuple[Tensor, Tensor]:
+def _sequences(cu_q: Tensor, cu_k: Tensor) -> list[tuple[int, slice, slice]]:
+    """(b, query rows, key rows) of each sequence of a packed batch (cu_seqlens copied to the host)."""
     cq = [int(x) for x in cu_q.tolist()]
     ck = [int(x) for x in cu_k.tolist()]
+    return [(b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])) for b in range(len(cq) - 1)]
+
+
+def _per_sequence(fn: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, ir: AttentionIR,
+                  dropout_p: Optional[float], out_dtype: torch.dtype, **kw: Any) -> tuple[Tensor, Tensor]:
     H, DV = q.shape[1], v.shape[-1]
     p_drop = float(ir.dropout_p if dropout_p is None else dropout_p)
     batch = _uses_batch(ir, p_drop)
     outs, lses = [], []
-    for b in range(len(cq) - 1):
-        qb = q[cq[b]:cq[b + 1]].transpose(0, 1).unsqueeze(0)
-        kb = k[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
-        vb = v[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0)
+    for b, rq, rk in _sequences(cu_q, cu_k):
+        qb, kb, vb = (t[r].transpose(0, 1).unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk)))
         if batch and b > 0:  # the mods (or dropout's counter) read b: sequence b is batch entry b
             qb, kb, vb = (t.expand(b + 1, *t.shape[1:]) for t in (qb, kb, vb))
         o, lse = fn(qb, kb, vb, ir, dropout_p=dropout_p, return_lse=True, **kw)
@@ -160,11 +163,8 @@ def _cpu_backward(ir: AttentionIR, dout: Tensor, q: Tensor, k: Tensor, v: Tensor
     """The CPU op path: chunked torch backward (backward_torch.py) per sequence, float32."""
     from .backward_torch import torch_backward
 
-    cq = [int(x) for x in cu_q.tolist()]
-    ck = [int(x) for x in cu_k.tolist()]
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype) for t in (q, k, v))
-    for b in range(len(cq) - 1):
-        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+    for b, rq, rk in _sequences(cu_q, cu_k):
         g = torch_backward(*_seq_view(q, k, v, out, lse, dout, rq, rk), ir, buffers=bufs, scale=scale,
                            dropout_p=dropout_p, seed=seed, offset=offset, b_start=b,
                            dlse=None if dlse is None else dlse[:, rq].unsqueeze(0))
@@ -212,11 +212,8 @@ def _varlen_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     bufs = _bufs(kern, buffers)
     names = tuple(n for n, want in zip(bufs, need) if want)
     total = {n: torch.zeros(bufs[n].shape, dtype=torch.float64, device=bufs[n].device) for n in names}
-    cq = [int(x) for x in cu_seqlens_q.tolist()]
-    ck = [int(x) for x in cu_seqlens_k.tolist()]
-    for b in range(len(cq) - 1):
-        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-        if cq[b + 1] == cq[b] or ck[b + 1] == ck[b]:
+    for b, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
+        if rq.stop == rq.start or rk.stop == rk.start:
             continue  # no score of this sequence: nothing to add
         *_, grads = torch_backward(*_seq_view(q, k, v, out, lse, dout, rq, rk), kern.ir, buffers=bufs, scale=scale,
                                    dropout_p=dropout_p, seed=seed, offset=offset, b_start=b, buffer_grads=names,
