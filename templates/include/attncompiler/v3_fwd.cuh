@@ -40,7 +40,36 @@
 
 #include "attncompiler/ranges.cuh"
 
+// Phase timestamps for benchmarks/v3_trace.py: compiled in only with -DAC_V3_TRACE (the benchmark
+// prepends the define to the generated source); each mark is one %globaltimer read and a store by one
+// thread, placed where no wgmma is in flight. Slots per tile: see kTrace* below.
+#ifdef AC_V3_TRACE
+#ifndef AC_V3_TRACE_TILES
+#define AC_V3_TRACE_TILES 8192
+#endif
+__device__ unsigned long long ac_v3_trace[AC_V3_TRACE_TILES * 16];
+#define AC_TRACE(tile, slot, cond)                                                        \
+  do {                                                                                    \
+    unsigned long long ac_t_;                                                             \
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ac_t_));                             \
+    if ((cond) && (tile) < AC_V3_TRACE_TILES) ac_v3_trace[(tile) * 16 + (slot)] = ac_t_;   \
+  } while (0)
+#define AC_TRACE_VALUE(tile, slot, cond, value)                                                        \
+  do {                                                                                                 \
+    if ((cond) && (tile) < AC_V3_TRACE_TILES) ac_v3_trace[(tile) * 16 + (slot)] = (unsigned long long)(value); \
+  } while (0)
+#else
+#define AC_TRACE(tile, slot, cond) do { } while (0)
+#define AC_TRACE_VALUE(tile, slot, cond, value) do { } while (0)
+#endif
+
 namespace ac {
+
+// Trace slots (AC_V3_TRACE): 0 SM id, 1 CTA start, 2 Q landed (consumer 0), 3 first S done, 4 first
+// softmax done, 5 main loop done, 6 last P V done, 7 consumer 0 epilogue done, 8 consumer 1 epilogue
+// done, 9 visited K/V blocks, 10 producer issued the tile's first copy.
+enum : int { kTraceSm = 0, kTraceStart, kTraceQ, kTraceS0, kTraceSoftmax0, kTraceLoop, kTracePv, kTraceEpi0,
+             kTraceEpi1, kTraceBlocks, kTraceIssue };
 
 struct V3Maps {
   TmaDesc q, k, v;  // 4-d tensor maps (head dim, seqlen, heads, batch) of q, k, v
@@ -258,8 +287,10 @@ struct V3Consumer {
   }
 };
 
-// The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue.
+// The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue;
+// kEpilogueBar + w: warpgroup w's staged O is in shared memory.
 constexpr int kTurnBar = 1;
+constexpr int kEpilogueBar = 3;
 
 // Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
 // for causal the last, query blocks first). Persistent: tiles in the same heaviest-first order,
@@ -273,6 +304,93 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
   } else {
     q_block = gridDim.x - 1 - blockIdx.x;
     bh = blockIdx.y;
+  }
+}
+
+// The epilogue of one consumer warpgroup: O / l to global memory, and the LSE.
+// Staged (non-persistent kernels with DV <= D and 16-byte aligned output rows): the warpgroup's
+// fragments go to its own 64 rows of the Q tile -- free once its last S GEMM is done, and never
+// reloaded without PERSISTENT -- in Q's layout (64-column boxes, 16-byte chunks swizzled by the row:
+// chunk k of row r at k ^ (r & 7), so the 4-byte fragment stores of a warp hit 32 distinct banks),
+// then each thread copies 16-byte chunks, consecutive threads along a row, to global memory. A warp
+// store then covers 512 contiguous bytes instead of 8 rows x 16 bytes: 4 cache lines instead of 8 per
+// instruction, at an eighth of the store instructions (benchmarks/v3_trace.py measured the direct
+// stores at 1.5 us per tile on the H100).
+template <class Cfg>
+__device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
+                                            unsigned int sQ, int wg, int row0, int wq_lo, int b, int h, int bh) {
+  using L = V3Layout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  constexpr int NO = L::NO;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
+  float inv[2];
+  bool seen[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = st.row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // (a row with no visible key has m = -inf; its l may hold ac_exp2_poly's 2^-126 terms)
+    seen[hf] = l > 0.f && st.row_max[hf] != AC_NEG_INF;
+    inv[hf] = seen[hf] ? 1.f / l : 0.f;
+    const int r = row0 + g + 8 * hf;
+    if (p.lse != nullptr && t == 0 && r < p.Nq) {
+      float m = st.row_max[hf];
+      if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
+        m += Variant::score_sep_row(b, h, r, row0, p, buf);  // the row term the softmax dropped
+      }
+      p.lse[(long long)bh * p.Nq + r] = seen[hf] ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+    }
+  }
+  constexpr bool kCanStage = !Cfg::PERSISTENT && L::DV <= L::D;
+  const bool staged = kCanStage && ((reinterpret_cast<unsigned long long>(gO) | (unsigned long long)(p.o_sn * 2)) & 15) == 0;
+  if (staged) {
+    // this warpgroup's rows of the Q tile: box c at sQ + c * BM * 128, its row r at (64 wg + r) * 128
+    const unsigned int sO = sQ + wg * 64 * 128;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // wgmma (async proxy) read Q here
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 16 * ((threadIdx.x >> 5) & 3) + g + 8 * hf;  // row within the warpgroup's 64
+#pragma unroll
+      for (int nt = 0; nt < NO / 4; ++nt) {
+        const unsigned int addr = sO + (nt / 8) * L::BM * 128 + r * 128 + (((nt % 8) ^ (r & 7)) << 4) + 4 * t;
+        const unsigned int v = Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv[hf], st.acc_o[4 * nt + 2 * hf + 1] * inv[hf]);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+      }
+    }
+    named_bar_sync(kEpilogueBar + wg, 128);
+    constexpr int kChunksPerRow = L::DV / 8;  // 16-byte chunks
+    constexpr int kIters = 64 * kChunksPerRow / 128;
+    static_assert((64 * kChunksPerRow) % 128 == 0, "whole 16-byte chunks per thread");
+    const int tid = threadIdx.x & 127;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int id = tid + 128 * it;
+      const int r = id / kChunksPerRow, ch = id % kChunksPerRow;
+      const unsigned int addr = sO + (ch / 8) * L::BM * 128 + r * 128 + (((ch % 8) ^ (r & 7)) << 4);
+      unsigned int x, y, z, w;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(addr) : "memory");
+      if (wq_lo + r < p.Nq) {
+        uint4* dst = reinterpret_cast<uint4*>(gO + (long long)(wq_lo + r) * p.o_sn + ch * 8);
+        *dst = make_uint4(x, y, z, w);
+      }
+    }
+  } else {
+    // direct: this thread's fragments as 4-byte stores (8 rows x 16 bytes per warp instruction)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = row0 + g + 8 * hf;
+      if (r < p.Nq) {
+        ac_elem_t* orow = gO + (long long)r * p.o_sn;
+#pragma unroll
+        for (int nt = 0; nt < NO / 4; ++nt) {
+          *reinterpret_cast<unsigned int*>(orow + nt * 8 + 2 * t) =
+              Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv[hf], st.acc_o[4 * nt + 2 * hf + 1] * inv[hf]);
+        }
+      }
+    }
   }
 }
 
@@ -300,6 +418,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const int tile_step = kPersistent ? gridDim.x : 1;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+#define AC_TRACE_TILE(tile) (kPersistent ? (tile) : (int)(blockIdx.y * gridDim.x + blockIdx.x))
+#ifdef AC_V3_TRACE
+  {
+    unsigned int smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    AC_TRACE(AC_TRACE_TILE(tile0), kTraceStart, threadIdx.x == 0);
+    AC_TRACE_VALUE(AC_TRACE_TILE(tile0), kTraceSm, threadIdx.x == 0, smid);
+  }
+#endif
 
   if (threadIdx.x == 0) {
     mbar_init(barQ, 1);
@@ -312,6 +439,16 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_init(empty_v(s), NC * 128);
     }
     mbar_init_fence();
+    // The first tile's Q copy goes out before anything else (setmaxnreg, the K/V range, the
+    // descriptor prefetches): its round trip is the CTA's start-up latency (benchmarks/v3_trace.py).
+    if (tile0 < num_tiles) {
+      int q_block, bh;
+      v3_tile<kPersistent>(tile0, num_qb, p, q_block, bh);
+      const int b = bh / p.H, h = bh % p.H;
+      mbar_arrive_expect_tx(barQ, L::kQBytes);
+#pragma unroll
+      for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q_block * BM, h, b, barQ);
+    }
   }
   __syncthreads();
 
@@ -342,10 +479,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         int j_begin, j_end;
         kv_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
         j_begin = kv_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
-        // The first tile's Q goes first; a later tile's Q goes after its K_0 (which only needs a ring
-        // slot), so that K_0 is in flight while the previous tile's last S GEMMs finish and free Q.
+        // The first tile's Q went out at the start (thread 0 above); a later tile's Q goes after its
+        // K_0 (which only needs a ring slot), so that K_0 is in flight while the previous tile's last
+        // S GEMMs finish and free Q.
         auto load_q = [&]() {
-          if (it > 0) mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
+          mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
           mbar_arrive_expect_tx(barQ, L::kQBytes);
 #pragma unroll
           for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
@@ -354,7 +492,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         // issues S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V.
         int s_prev = 0, j_prev = -1;
         unsigned int phase_prev = 0;
-        if (it == 0 || j_begin >= j_end) load_q();
+        if (it > 0 && j_begin >= j_end) load_q();
         for (int j = j_begin; j < j_end; j = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
           if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
           const unsigned int sK = sKV0 + s * L::kStageBytes;
@@ -362,6 +500,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #pragma unroll
           for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
           if (it > 0 && j == j_begin) load_q();
+          AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_begin);
           if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
           j_prev = j;
           s_prev = s;
@@ -381,8 +520,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   setmaxnreg_inc<Cfg::CONSUMER_REGS>();
   const int wg = (threadIdx.x >> 7) - 1;
   const int warp_wg = warp & 3;
-  const int g = lane >> 2;
-  const int t = lane & 3;
   // exp2's multiplier of the softmax input: log2e * scale (plain), the score_mod's positive factor, or
   // 1 (separable: x = coef * s + col already is log2e * score_mod up to the row term)
   const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
@@ -436,6 +573,10 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     };
 
     mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
+    AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
+#ifdef AC_V3_TRACE
+    int trace_blocks = 0;
+#endif
     if (j_begin < j_end) {
       int j = j_begin;
       // Block 0: S_0 only.
@@ -447,12 +588,14 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       turn_grant();
       wgmma_wait<0>();
       reg_fence(st.acc_s);
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
       mbar_arrive(empty_k(s));
       {
         float alpha[2];
         st.softmax_sel(needs_mask(j), j * BN, row0, exp_scale, b, h, p, buf, alpha);
         st.convert_p(j * BN, row0, b, h, p);
       }
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
       int s_prev = s;
       unsigned int phase_prev = phase;
       if (++s == STAGES) {
@@ -488,7 +631,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           phase ^= 1u;
         }
         j = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+#ifdef AC_V3_TRACE
+        ++trace_blocks;
+#endif
       }
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
+      AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
       mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
       // The last block's P V.
       mbar_wait(full_v(s_prev), phase_prev);
@@ -501,41 +649,19 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       reg_fence(st.acc_o);
       reg_fence(st.p_frag);
       mbar_arrive(empty_v(s_prev));
+      AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
       mbar_arrive(barQfree);
     }
 
-    // Epilogue: O / l straight from the accumulators (rows >= Nq are not written); LSE = (m + log2 l)
-    // * ln 2; rows with no visible key get O = 0 and LSE = -inf.
-    using Tr = ac_type_traits<ac_elem_t>;
-    ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float l = st.row_sum[hf];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      // (a row with no visible key has m = -inf; its l may hold ac_exp2_poly's 2^-126 terms)
-      const bool seen = l > 0.f && st.row_max[hf] != AC_NEG_INF;
-      const float inv = seen ? 1.f / l : 0.f;
-      const int r = row0 + g + 8 * hf;
-      if (r < p.Nq) {
-        ac_elem_t* orow = gO + (long long)r * p.o_sn;
-#pragma unroll
-        for (int nt = 0; nt < L::NO / 4; ++nt) {
-          *reinterpret_cast<unsigned int*>(orow + nt * 8 + 2 * t) =
-              Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv, st.acc_o[4 * nt + 2 * hf + 1] * inv);
-        }
-        if (p.lse != nullptr && t == 0) {
-          float m = st.row_max[hf];
-          if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
-            m += Variant::score_sep_row(b, h, r, row0, p, buf);  // the row term the softmax dropped
-          }
-          p.lse[(long long)bh * p.Nq + r] = seen ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
-        }
-      }
-    }
+    // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
+    // rows >= Nq are not written.
+    v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh);
+    AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi0, threadIdx.x == 128);
+    AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi1, threadIdx.x == 256);
   }
   if (kPingPong && wg == 0) named_bar_sync(kTurnBar + 0, 256);  // the extra grant (see above)
+#undef AC_TRACE_TILE
 }
 
 }  // namespace ac

@@ -1,0 +1,129 @@
+"""Where a v3 CTA's time goes: phase timestamps (%globaltimer) of every tile of one launch.
+
+    PYTHONPATH=. python3 benchmarks/v3_trace.py "128:sliding_window,128:plain" [--n 16384] [--nk NK]
+
+Each item is bench_v3's ``d:variant[:option=value...]`` (B = 1, H = 2048 / d, Nq = ``--n``, Nk =
+``--nk`` or ``--n``).  The generated source is compiled once more with ``-DAC_V3_TRACE`` (v3_fwd.cuh's
+marks: one timer read and one store by one thread, where no wgmma is in flight), launched after a
+warm-up, and the per-tile timestamps are summarized (medians over tiles, microseconds):
+
+  launch->Q   CTA start to the Q tile landed (barrier init, descriptor prefetch, first TMA round trip)
+  S0          Q landed to the first S GEMM done (waits for K_0 too)
+  softmax0    the first block's softmax, with nothing to overlap
+  per block   the main loop's time per further K/V block (the steady state)
+  last PV     the last block's P V GEMM
+  epilogue    consumer 0's O / LSE stores; "epi1 - epi0": how much later consumer 1 finishes
+  gap         per SM, the next CTA's start minus this CTA's end (non-persistent: the launch of the
+              next CTA in the same slot)
+
+Only the traced build runs here: the timer reads add a few instructions per tile, not per block.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue")
+
+
+def _value(v: str) -> object:
+    return v == "true" if v in ("true", "false") else int(v)
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def trace_item(item: str, n: int, nk: int) -> dict[str, float]:
+    """Launch ``item`` traced; returns the phase medians (microseconds) and the kernel span."""
+    import cupy
+
+    import attncompiler as ac
+    from attncompiler.runtime.compiler import compile_kernel
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_v3 import _spec
+
+    d_s, var, *opts = item.split(":")
+    d = int(d_s)
+    options = {key: _value(val) for key, val in (o.split("=") for o in opts)}
+    H = 2048 // d
+    kern = ac.compile(_spec(var, d, H, max(n, nk)), "v3", **options)
+    ks = kern.kernel_source
+    traced_ks = dataclasses.replace(ks, source="#define AC_V3_TRACE 1\n" + ks.source)
+    traced = dataclasses.replace(kern, kernel_source=traced_ks, _loaded={})
+    q = torch.randn(1, H, n, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, H, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        traced(q, k, v)
+    idx = torch.cuda.current_device()
+    mod = compile_kernel(traced_ks.source, traced_ks.arch, idx, traced_ks.entry).module
+    ptr = mod.get_global_var("ac_v3_trace")
+    n_words = 8192 * 16
+    mem = cupy.cuda.UnownedMemory(int(ptr), n_words * 8, mod)
+    buf = cupy.ndarray((n_words,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    torch.cuda.synchronize()
+    buf.fill(0)
+    cupy.cuda.runtime.deviceSynchronize()
+    traced(q, k, v)
+    torch.cuda.synchronize()
+    rows = buf.get().reshape(8192, 16)
+    plan = ks.plan
+    tiles = [dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for r in rows if r[7] != 0]
+    us = 1e-3
+    ph: dict[str, list[float]] = {k: [] for k in ("launch->Q", "S0", "softmax0", "per block", "last PV",
+                                                  "epilogue", "epi1 - epi0", "gap", "blocks")}
+    for t in tiles:
+        if t["start"]:
+            ph["launch->Q"].append((t["q"] - t["start"]) * us)
+        if t["s0"]:
+            ph["S0"].append((t["s0"] - t["q"]) * us)
+            ph["softmax0"].append((t["softmax0"] - t["s0"]) * us)
+            if t["blocks"] > 1:
+                ph["per block"].append((t["loop"] - t["softmax0"]) * us / (t["blocks"] - 1))
+            ph["last PV"].append((t["pv"] - t["loop"]) * us)
+            ph["epilogue"].append((t["epi0"] - t["pv"]) * us)
+        ph["epi1 - epi0"].append((t["epi1"] - t["epi0"]) * us)
+        ph["blocks"].append(float(t["blocks"]))
+    if not plan.persistent:
+        by_sm: dict[int, list[dict[str, int]]] = {}
+        for t in tiles:
+            by_sm.setdefault(t["sm"], []).append(t)
+        for lst in by_sm.values():
+            lst.sort(key=lambda t: t["start"])
+            for a, b in zip(lst, lst[1:]):
+                ph["gap"].append((b["start"] - max(a["epi0"], a["epi1"])) * us)
+    t0 = min(t["start"] for t in tiles if t["start"])
+    t1 = max(max(t["epi0"], t["epi1"]) for t in tiles)
+    out = {name: _median(xs) for name, xs in ph.items()}
+    out["span"] = (t1 - t0) * us
+    out["tiles"] = float(len(tiles))
+    print(f"{item} Nq={n} Nk={nk}: BN={plan.block_n} stages={plan.stages}"
+          f"{' persistent' if plan.persistent else ''}, {len(tiles)} tiles, span {out['span']:.1f} us", flush=True)
+    for name, val in out.items():
+        if name not in ("span", "tiles"):
+            print(f"  {name:12s} {val:8.2f}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("items")
+    ap.add_argument("--n", type=int, default=16384)
+    ap.add_argument("--nk", type=int, default=None)
+    args = ap.parse_args(argv)
+    print(f"# {torch.cuda.get_device_name()}", flush=True)
+    for item in args.items.split(","):
+        try:
+            trace_item(item, args.n, args.nk or args.n)
+        except Exception as e:  # noqa: BLE001 - one failing item must not end the run
+            print(f"{item}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
