@@ -38,8 +38,9 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if xs else float("nan")
 
 
-def trace_item(item: str, n: int, nk: int) -> dict[str, float]:
-    """Launch ``item`` traced; returns the phase medians (microseconds) and the kernel span."""
+def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] = ()) -> dict[str, float]:
+    """Launch ``item`` traced (``spec``: this spec instead of the item's variant; ``defines``: more
+    ``#define`` lines before the source); returns the phase medians (microseconds) and the span."""
     import cupy
 
     import attncompiler as ac
@@ -52,9 +53,10 @@ def trace_item(item: str, n: int, nk: int) -> dict[str, float]:
     d = int(d_s)
     options = {key: _value(val) for key, val in (o.split("=") for o in opts)}
     H = 2048 // d
-    kern = ac.compile(_spec(var, d, H, max(n, nk)), "v3", **options)
+    kern = ac.compile(spec if spec is not None else _spec(var, d, H, max(n, nk)), "v3", **options)
     ks = kern.kernel_source
-    traced_ks = dataclasses.replace(ks, source="#define AC_V3_TRACE 1\n" + ks.source)
+    prefix = "".join(f"#define {x}\n" for x in ("AC_V3_TRACE 1", *defines))
+    traced_ks = dataclasses.replace(ks, source=prefix + ks.source)
     traced = dataclasses.replace(kern, kernel_source=traced_ks, _loaded={})
     q = torch.randn(1, H, n, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, H, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
