@@ -26,7 +26,8 @@ import sys
 
 import torch
 
-SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue")
+SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue", "epi_scale",
+         "epi_sts", "epi_bar")
 
 
 def _value(v: str) -> object:
@@ -78,7 +79,8 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
     tiles = [dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for r in rows if r[7] != 0]
     us = 1e-3
     ph: dict[str, list[float]] = {k: [] for k in ("launch->Q", "S0", "softmax0", "per block", "last PV",
-                                                  "epilogue", "epi1 - epi0", "gap", "blocks")}
+                                                  "epilogue", "  1/l, LSE", "  O to smem", "  barrier",
+                                                  "  O to global", "epi1 - epi0", "gap", "blocks")}
     for t in tiles:
         if t["start"]:
             ph["launch->Q"].append((t["q"] - t["start"]) * us)
@@ -89,6 +91,11 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
                 ph["per block"].append((t["loop"] - t["softmax0"]) * us / (t["blocks"] - 1))
             ph["last PV"].append((t["pv"] - t["loop"]) * us)
             ph["epilogue"].append((t["epi0"] - t["pv"]) * us)
+            ph["  1/l, LSE"].append((t["epi_scale"] - t["pv"]) * us)
+            if t["epi_sts"]:  # the staged epilogue
+                ph["  O to smem"].append((t["epi_sts"] - t["epi_scale"]) * us)
+                ph["  barrier"].append((t["epi_bar"] - t["epi_sts"]) * us)
+                ph["  O to global"].append((t["epi0"] - t["epi_bar"]) * us)
         ph["epi1 - epi0"].append((t["epi1"] - t["epi0"]) * us)
         ph["blocks"].append(float(t["blocks"]))
     if not plan.persistent:

@@ -137,5 +137,19 @@ def test_nvcc_every_v3_variant_has_wgmma_and_tma(head_dim, dtype):
         assert "cp.async.bulk.tensor.4d" in ptx[name], name
         assert "setmaxnreg" in ptx[name], name
         assert "C7508" not in rep.log, f"{name}: setmaxnreg ignored by ptxas"
+        assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
         if name in ("plain", "causal", "alibi", "softcap", "sliding_window"):
             assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_trace_marks_compile_in_only_when_asked():
+    """benchmarks/v3_trace.py prepends -DAC_V3_TRACE: then the kernel reads %globaltimer into the
+    ac_v3_trace array; without it the marks are gone (no timer reads, no array)."""
+    src = _render(_specs(128, "bf16")["sliding_window"]).source
+    plain_ptx, traced_ptx = _ptx(src), _ptx("#define AC_V3_TRACE 1\n" + src)
+    assert "%globaltimer" in traced_ptx and "ac_v3_trace" in traced_ptx
+    assert "%globaltimer" not in plain_ptx and "ac_v3_trace" not in plain_ptx
+    rep = compile_with_nvcc("#define AC_V3_TRACE 1\n" + src, "sm_90a")
+    assert rep.spill_stores == 0 and "C7520" not in rep.log, rep.log

@@ -67,9 +67,10 @@ namespace ac {
 
 // Trace slots (AC_V3_TRACE): 0 SM id, 1 CTA start, 2 Q landed (consumer 0), 3 first S done, 4 first
 // softmax done, 5 main loop done, 6 last P V done, 7 consumer 0 epilogue done, 8 consumer 1 epilogue
-// done, 9 visited K/V blocks, 10 producer issued the tile's first copy.
+// done, 9 visited K/V blocks, 10 producer issued the tile's first copy; inside consumer 0's
+// epilogue: 11 LSE and 1/l done, 12 staged O written to shared memory, 13 past the warpgroup barrier.
 enum : int { kTraceSm = 0, kTraceStart, kTraceQ, kTraceS0, kTraceSoftmax0, kTraceLoop, kTracePv, kTraceEpi0,
-             kTraceEpi1, kTraceBlocks, kTraceIssue };
+             kTraceEpi1, kTraceBlocks, kTraceIssue, kTraceEpiScale, kTraceEpiSts, kTraceEpiBar };
 
 struct V3Maps {
   TmaDesc q, k, v;  // 4-d tensor maps (head dim, seqlen, heads, batch) of q, k, v
@@ -252,13 +253,16 @@ struct V3Consumer {
   }
 
   // Without a mask the masked softmax only serves the ragged last block: two copies (the branch
-  // outside the softmax) schedule better there. With a mask, one copy with the branch around the mask
-  // pass alone. Measured on the H200 (same process, N = 16k): two copies vs one, TFLOP/s -- plain d256
-  // 722 vs 693, softcap d128 535 vs 510, plain d128 636 vs 633; causal d128 459 vs 602, sliding
-  // window 344 vs 444, causal d64 411 vs 446.
+  // outside the softmax) schedule better there, except for a separable score_mod (ALiBi) below d = 256.
+  // With a mask, one copy with the branch around the mask pass alone. Measured on the H200 (same
+  // process, N = 16k), two copies vs one, TFLOP/s: plain d256 722 vs 693, softcap d128 535 vs 510,
+  // plain d128 636 vs 633; ALiBi d64 412 vs 432, d128 562 vs 581, d256 663 vs 647; causal d128 459 vs
+  // 602, sliding window 344 vs 444, causal d64 411 vs 446.
+  static constexpr bool kTwoSoftmaxCopies =
+      !Variant::kHasMask && (!(Variant::kHasScoreMod && Variant::kScoreSeparable) || L::DV >= 256);
   __device__ __forceinline__ void softmax_dispatch(bool masked, int kv0, int row0, float exp_scale, int b, int h,
                                                    const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
-    if constexpr (!Variant::kHasMask) {
+    if constexpr (kTwoSoftmaxCopies) {
       if (masked) {
         softmax(true, kv0, row0, exp_scale, b, h, p, buf, alpha);
       } else {
@@ -338,7 +342,8 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
 // stores at 1.5 us per tile on the H100).
 template <class Cfg>
 __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
-                                            unsigned int sQ, int wg, int row0, int wq_lo, int b, int h, int bh) {
+                                            unsigned int sQ, int wg, int row0, int wq_lo, int b, int h, int bh,
+                                            int trace_tile) {
   using L = V3Layout<Cfg>;
   using Tr = ac_type_traits<ac_elem_t>;
   constexpr int NO = L::NO;
@@ -364,6 +369,7 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
       p.lse[(long long)bh * p.Nq + r] = seen[hf] ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
     }
   }
+  AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);
   constexpr bool kCanStage = !Cfg::PERSISTENT && L::DV <= L::D;
   const bool staged = kCanStage && ((reinterpret_cast<unsigned long long>(gO) | (unsigned long long)(p.o_sn * 2)) & 15) == 0;
   if (staged) {
@@ -380,7 +386,9 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
       }
     }
+    AC_TRACE(trace_tile, kTraceEpiSts, threadIdx.x == 128);
     named_bar_sync(kEpilogueBar + wg, 128);
+    AC_TRACE(trace_tile, kTraceEpiBar, threadIdx.x == 128);
     constexpr int kChunksPerRow = L::DV / 8;  // 16-byte chunks
     constexpr int kIters = 64 * kChunksPerRow / 128;
     static_assert((64 * kChunksPerRow) % 128 == 0, "whole 16-byte chunks per thread");
@@ -681,7 +689,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
     // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
     // rows >= Nq are not written.
-    v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh);
+    v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
     AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi0, threadIdx.x == 128);
     AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi1, threadIdx.x == 256);
   }
