@@ -1,0 +1,251 @@
+// attncompiler/v3_consumer.cuh -- the v3 forward's shared-memory layout (V3Layout), its TMA maps
+// (V3Maps) and the per-thread state and math of one consumer warpgroup (V3Consumer: the wgmma
+// issues, the softmax with its score_mod and mask hooks, the O rescale, P packing with dropout).
+// v3_fwd.cuh has the schedule that drives them and documents the layout.
+//
+// Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
+// and ac::wgmma_pv; v3_sm90.cuh, mma.cuh (fast_exp2, ac_exp2_poly), philox.cuh (dropout).
+#pragma once
+
+namespace ac {
+
+struct V3Maps {
+  TmaDesc q, k, v;  // 4-d tensor maps (head dim, seqlen, heads, batch) of q, k, v
+};
+
+template <class Cfg>
+struct V3Layout {
+  static constexpr int D = Cfg::D;
+  static constexpr int DV = Cfg::DV;
+  static constexpr int BM = Cfg::BLOCK_M;
+  static constexpr int BN = Cfg::BLOCK_N;
+  static constexpr int STAGES = Cfg::STAGES;
+  static constexpr int NC = Cfg::NC;                  // consumer warpgroups
+  static constexpr int NTHREADS = 128 * (NC + 1);
+  static constexpr int BOX_COLS = 64;                 // 128 bytes: the 128-byte swizzle's row
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kKBytes = BN * D * 2;
+  static constexpr int kVBytes = BN * DV * 2;
+  static constexpr int kStageBytes = kKBytes + kVBytes;
+  static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
+  static constexpr int kNumBars = 2 + 4 * STAGES;
+  static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
+  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
+  static constexpr int NS = BN / 2;                   // S accumulator floats per thread
+  static constexpr int NO = DV / 2;                   // O accumulator floats per thread
+  static constexpr int KT_PV = BN / 16;               // k16 steps of P V
+
+  static_assert(D % 64 == 0 && DV % 64 == 0, "v3 tiles head dims in 64-column (128-byte) TMA boxes");
+  static_assert(D <= 256 && DV <= 256, "wgmma N and TMA box rows are at most 256");
+  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N: a multiple of 16 in [16, 256]");
+  static_assert(BM == 64 * NC && (NC == 1 || NC == 2), "each consumer warpgroup owns 64 query rows");
+  static_assert(STAGES >= 1 && STAGES <= 4, "K/V stages");
+  static_assert(Cfg::EXP2_POLY >= 0 && Cfg::EXP2_POLY <= 8, "EXP2_POLY: polynomial exponentials per 8 n8 tiles");
+  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "1024-byte aligned tiles");
+  static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
+};
+
+// Per-thread state of one consumer warpgroup.
+template <class Cfg>
+struct V3Consumer {
+  using L = V3Layout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  static constexpr int NS = L::NS, NO = L::NO, BN = L::BN;
+
+  float acc_o[NO];
+  float acc_s[NS];
+  unsigned int p_frag[L::KT_PV][4];
+  float row_max[2];  // log2 domain
+  float row_sum[2];  // this thread's partial sums (reduced over the quad in the epilogue)
+
+  // S = Q K^T (issued, not waited): Q rows [64*wg, 64*wg + 64) of the Q tile, K of one stage.
+  // Descriptors are a base descriptor plus the byte offset >> 4 (the start address field is the
+  // low 14 bits and never carries: shared addresses < 256 KB); the base goes through an opaque move
+  // so the compiler recomputes the per-step descriptors (uniform adds) instead of keeping D/8 of them
+  // live across the loop.
+  __device__ __forceinline__ void issue_qk(unsigned int sQ, unsigned int sK, int wg) {
+    reg_fence(acc_s);
+    const unsigned long long dq = opaque_u64(wgmma_desc_sw128(sQ + wg * 64 * 128, 16, 1024));
+    const unsigned long long dk = opaque_u64(wgmma_desc_sw128(sK, 16, 1024));
+#pragma unroll
+    for (int kk = 0; kk < L::D / 16; ++kk) {
+      const unsigned int box = kk / 4, off = (kk % 4) * 32;
+      wgmma_qk(acc_s, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + off) >> 4), kk > 0 ? 1 : 0);
+    }
+    reg_fence(acc_s);
+  }
+
+  // O += P V (issued, not waited): P from registers, V of one stage as the transposed B.
+  __device__ __forceinline__ void issue_pv(unsigned int sV) {
+    reg_fence(acc_o);
+    const unsigned long long dv = opaque_u64(wgmma_desc_sw128(sV, BN * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) wgmma_pv(acc_o, p_frag[kk], dv + ((kk * 16 * 128) >> 4));
+    reg_fence(acc_o);
+  }
+
+  // The score_mod's separable form (Variant::kScoreSeparable, ir/scoreform.py): x = coef * s + col,
+  // col = slope * (kv - q_ref) (linear) or score_sep_col; q_ref = this warp's first row. Set per tile.
+  float sep_coef, sep_slope;
+
+  // One of this thread's exponentials: exp2(a * b - m), on MUFU or, for the first EXP2_POLY of every
+  // 8 n8 tiles, on the FMA pipes (mma.cuh, ac_exp2_poly).
+  template <int NT>
+  static __device__ __forceinline__ float exp2_sel(float a, float b, float m) {
+    if constexpr (NT % 8 < Cfg::EXP2_POLY) {
+      return ac_exp2_poly(fmaf(a, b, -m));
+    } else {
+      return fast_exp2(fmaf(a, b, -m));
+    }
+  }
+
+  template <int NT, int HF>
+  __device__ __forceinline__ void exp_pair(float exp_scale, float m_ref, float& sum) {
+    float* c = &acc_s[4 * NT + 2 * HF];
+    c[0] = exp2_sel<NT>(c[0], exp_scale, m_ref);
+    c[1] = exp2_sel<NT>(c[1], exp_scale, m_ref);
+    sum += c[0] + c[1];
+    if constexpr (NT + 1 < BN / 8) exp_pair<NT + 1, HF>(exp_scale, m_ref, sum);
+  }
+
+  // score_mod, then the mask (only when `masked`: a branch around the mask pass alone, see
+  // softmax_dispatch), the online-softmax update of one S tile, then S <- exp2(S - m) in place (summed
+  // into l; dropout comes in convert_p). alpha: the rescale of the previous O and l.
+  __device__ __forceinline__ void softmax(bool masked, int kv0, int row0, float exp_scale, int b, int h,
+                                          const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
+    const int t = threadIdx.x & 3;
+    const int g = (threadIdx.x & 31) >> 2;
+    constexpr bool kSep = Variant::kHasScoreMod && Variant::kScoreSeparable;
+    // column term of this thread's first column (kv0 + 2t); the others add slope * (8 nt + e)
+    const float col0 = kSep && Variant::kScoreSepLinear ? sep_slope * __int2float_rn(kv0 + 2 * t - row0) : 0.f;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+        float col = 0.f;
+        if constexpr (kSep) {
+          if constexpr (Variant::kScoreSepLinear) {
+            col = fmaf(sep_slope, float(nt * 8 + e), col0);
+          } else {
+            col = Variant::score_sep_col(b, h, kv_idx, row0, p, buf);
+          }
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int q_idx = row0 + g + 8 * hf;
+          float x = acc_s[4 * nt + 2 * hf + e];
+          if constexpr (kSep) {
+            x = fmaf(x, sep_coef, col);
+          } else if constexpr (Variant::kHasScoreMod) {
+            x = Variant::score_mod_log2_inner(x, b, h, q_idx, kv_idx, p, buf);
+          }
+          acc_s[4 * nt + 2 * hf + e] = x;
+        }
+      }
+    }
+    if (masked) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int q_idx = row0 + g + 8 * hf;
+            bool visible = kv_idx < p.Nk;
+            if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
+            if (!visible) acc_s[4 * nt + 2 * hf + e] = AC_NEG_INF;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx[BN / 8];
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx[nt] = fmaxf(acc_s[4 * nt + 2 * hf], acc_s[4 * nt + 2 * hf + 1]);
+#pragma unroll
+      for (int w = 1; w < BN / 8; w *= 2) {
+#pragma unroll
+        for (int nt = 0; nt + w < BN / 8; nt += 2 * w) mx[nt] = fmaxf(mx[nt], mx[nt + w]);
+      }
+      float m = mx[0];
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float m_old = row_max[hf];
+      const float m_new = fmaxf(m_old, m * exp_scale);
+      // A row with no visible key so far keeps m = -inf; 0 as the reference keeps exp2 NaN-free.
+      const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
+      alpha[hf] = fast_exp2(m_old - m_ref);
+      row_max[hf] = m_new;
+      float sum = 0.f;
+      if (hf == 0) {
+        exp_pair<0, 0>(exp_scale, m_ref, sum);
+      } else {
+        exp_pair<0, 1>(exp_scale, m_ref, sum);
+      }
+      row_sum[hf] = row_sum[hf] * alpha[hf] + sum;
+    }
+  }
+
+  // Without a mask the masked softmax only serves the ragged last block: two copies (the branch
+  // outside the softmax) schedule better there, except for a separable score_mod (ALiBi) below d = 256.
+  // With a mask, one copy with the branch around the mask pass alone. Measured on the H200 (same
+  // process, N = 16k), two copies vs one, TFLOP/s: plain d256 722 vs 693, softcap d128 535 vs 510,
+  // plain d128 636 vs 633; ALiBi d64 412 vs 432, d128 562 vs 581, d256 663 vs 647; causal d128 459 vs
+  // 602, sliding window 344 vs 444, causal d64 411 vs 446.
+  static constexpr bool kTwoSoftmaxCopies =
+      !Variant::kHasMask && (!(Variant::kHasScoreMod && Variant::kScoreSeparable) || L::DV >= 256);
+  __device__ __forceinline__ void softmax_dispatch(bool masked, int kv0, int row0, float exp_scale, int b, int h,
+                                                   const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
+    if constexpr (kTwoSoftmaxCopies) {
+      if (masked) {
+        softmax(true, kv0, row0, exp_scale, b, h, p, buf, alpha);
+      } else {
+        softmax(false, kv0, row0, exp_scale, b, h, p, buf, alpha);
+      }
+    } else {
+      softmax(masked, kv0, row0, exp_scale, b, h, p, buf, alpha);
+    }
+  }
+
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NO / 4; ++nt) {
+      acc_o[4 * nt + 0] *= alpha[0];
+      acc_o[4 * nt + 1] *= alpha[0];
+      acc_o[4 * nt + 2] *= alpha[1];
+      acc_o[4 * nt + 3] *= alpha[1];
+    }
+  }
+
+  // P's A fragments for the k16 steps of P V: the C layout of two adjacent n8 tiles of S is the
+  // A layout of one k16 step (per warp, as for mma.sync m16n8k16).
+  // Dropout is applied here, after the previous P V retired its P registers (fewer live registers
+  // than during the softmax): one Philox call per (m16, n8) tile covers this thread's four elements
+  // (docs/architecture.md).
+  __device__ __forceinline__ void convert_p(int kv0, int row0, int b, int h, const AttnParams& p) {
+    if constexpr (Variant::kHasDropout) {
+      const int t = threadIdx.x & 3;
+      const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        const ac_u32x4 w = ac_dropout_words(p, b, h, row0 + g, kv0 + nt * 8 + 2 * t);
+        acc_s[4 * nt + 0] *= (w.x < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        acc_s[4 * nt + 1] *= (w.y < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        acc_s[4 * nt + 2] *= (w.z < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+        acc_s[4 * nt + 3] *= (w.w < p.dropout_threshold) ? p.dropout_rescale : 0.f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < L::KT_PV; ++kk) {
+      p_frag[kk][0] = Tr::pack2(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+      p_frag[kk][1] = Tr::pack2(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+      p_frag[kk][2] = Tr::pack2(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+      p_frag[kk][3] = Tr::pack2(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+    }
+  }
+};
+
+}  // namespace ac
