@@ -18,7 +18,7 @@ from attncompiler.codegen.schedule import ScheduleError, get_schedule
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError, ProblemDims
 from attncompiler.plan.targets import get_target
-from attncompiler.plan.v3 import CONSUMER_REGS, PREFERRED_BLOCK_N_MASKED, PRODUCER_REGS, plan_v3, v3_smem_bytes
+from attncompiler.plan.v3 import CONSUMER_REGS, PREFERRED_BLOCK_N_DROPOUT, PRODUCER_REGS, plan_v3, v3_smem_bytes
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 
@@ -52,8 +52,10 @@ def test_plan_choices(d, block_n, stages):
     assert p.producer_regs == PRODUCER_REGS and p.consumer_regs == CONSUMER_REGS
     text = p.describe()
     assert "setmaxnreg" in text and "rejected" in text or stages == 4
-    masked = plan_v3(build_ir(presets.causal(d)), "sm_90")  # a mask: at most PREFERRED_BLOCK_N_MASKED
-    assert masked.block_n == min(block_n, PREFERRED_BLOCK_N_MASKED) and "with a mask" in masked.describe()
+    masked = plan_v3(build_ir(presets.causal(d)), "sm_90")  # a mask: the same width
+    assert masked.block_n == block_n
+    drop = plan_v3(build_ir(ac.AttentionSpec(head_dim=d, dropout_p=0.1)), "sm_90")  # at most ..._DROPOUT
+    assert drop.block_n == min(block_n, PREFERRED_BLOCK_N_DROPOUT) and "with dropout" in drop.describe()
 
 
 def test_plan_errors_name_the_numbers():

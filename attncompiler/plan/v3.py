@@ -26,7 +26,7 @@ from .targets import Target
 
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
-    "CONSUMER_REGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_MASKED",
+    "CONSUMER_REGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT",
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
@@ -47,11 +47,14 @@ MAX_STAGES = 4               # deepest ring searched (more stages: more smem, mo
 # 256 the O accumulator (128 registers) leaves room for an 80-wide S only (FlashAttention-3's choice).
 # Measured on an H200, N = 16k (docs/perf-notes.md, v3): d=64 BN=192 457 vs BN=128 437 TFLOP/s.
 PREFERRED_BLOCK_N = {64: 192, 128: 128, 192: 112, 256: 80}
-# With a mask (or a score_mod reading a buffer, or dropout) the per-element index arithmetic needs registers
-# too: at d=64 BN=192 ptxas spills (LDL/STL in causal, window, ALiBi, dropout, document; nvcc 13.0), at
-# BN=176 nothing, so such variants prefer this width when it is narrower.  Measured on an H100
-# (2026-11-21, N = 16k, d=64 causal): BN=176 437, BN=192 435, BN=160 414, BN=128 389 TFLOP/s.
-PREFERRED_BLOCK_N_MASKED = 176
+# Dropout's Philox words and the FMA-pipe polynomial's temporaries need registers: at d=64 BN=192 ptxas
+# spills with them (dropout 8 B, softcap with EXP2_POLY 4; nvcc 13.0), at BN=176 nothing, so such variants
+# prefer this width when it is narrower.  Masks and captured buffers used to be capped here too; since the
+# masked softmax is one copy with a branch around the mask pass (2026-11-21) d=64 BN=192 spills nothing in
+# causal, sliding window, document, ALiBi-causal, prefix-LM or relative bias, and is as fast or faster
+# (H200, N = 16k, 3 interleaved rounds, BN=176 vs 192: sliding window 272 vs 286, document 868 vs 907,
+# ALiBi-causal 404 vs 409, causal 445 vs 445 TFLOP/s).
+PREFERRED_BLOCK_N_DROPOUT = 176
 # A separable score_mod (ALiBi-like: coef * score + column term + row term, ir/scoreform.py) prefers these
 # widths (its column terms cost per tile column, its rows' terms nothing).  Measured on an H100 (2026-11-21,
 # N = 16k, bf16, medians of 3 interleaved rounds): ALiBi d=64 BN=176 412, BN=160 433 (plain 460);
@@ -106,18 +109,18 @@ def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
     return r
 
 
-def _preferred(d: int, dv: int, masked: bool, separable: bool = False) -> int:
+def _preferred(d: int, dv: int, narrow: bool, separable: bool = False) -> int:
     m = max(d, dv)
     if separable and m in PREFERRED_BLOCK_N_SEPARABLE:
         return PREFERRED_BLOCK_N_SEPARABLE[m]
     pref = PREFERRED_BLOCK_N.get(m, 128 if m <= 128 else 80)
-    return min(pref, PREFERRED_BLOCK_N_MASKED) if masked else pref
+    return min(pref, PREFERRED_BLOCK_N_DROPOUT) if narrow else pref
 
 
-def _why_preferred(d: int, dv: int, masked: bool, separable: bool) -> str:
+def _why_preferred(d: int, dv: int, narrow: bool, separable: bool) -> str:
     if separable and max(d, dv) in PREFERRED_BLOCK_N_SEPARABLE:
         return " for a separable score_mod (PREFERRED_BLOCK_N_SEPARABLE)"
-    return " with a mask, buffer, dropout or polynomial exponentials" if masked else ""
+    return " with dropout or polynomial exponentials" if narrow else ""
 
 
 def _separable_score_mod(ir_or_dims: Any) -> bool:
@@ -158,14 +161,11 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
-    # a mask, a score_mod reading a captured buffer or dropout (each spills at d=64 BN=192)
-    masked = (getattr(ir_or_dims, "mask_expr", None) is not None or bool(getattr(ir_or_dims, "buffers", ()))
-              or getattr(ir_or_dims, "dropout_p", 0.0) > 0.0)
     poly = exp2_poly if exp2_poly is not None else EXP2_POLY_DEFAULT
-    # the polynomial's temporaries need registers like a mask's: softcap d=64 BN=192 spills with EXP2_POLY 4
-    masked = masked or poly > 0
+    # dropout or the polynomial exponentials: at most PREFERRED_BLOCK_N_DROPOUT (d=64 BN=192 spills)
+    narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0
     separable = _separable_score_mod(ir_or_dims)
-    pref = _preferred(d, dv, masked, separable)
+    pref = _preferred(d, dv, narrow, separable)
     limit = t.max_smem_per_block_optin
     rejected: list[str] = []
     chosen = None
@@ -201,7 +201,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
-          f"{_why_preferred(d, dv, masked, separable)} that fits"),
+          f"{_why_preferred(d, dv, narrow, separable)} that fits"),
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
         f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
