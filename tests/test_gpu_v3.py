@@ -260,3 +260,53 @@ def test_exp2_poly_fully_masked_rows_and_nan():
     assert torch.equal(out[:, 0], clean[:, 0])
     assert torch.equal(out[0, 1, :150], clean[0, 1, :150])
     assert bool(torch.isnan(out[0, 1, 150:]).all()), "a row that sees the NaN key is not NaN"
+
+
+@needs_hopper
+@pytest.mark.parametrize("cap", [30.0, 50.0, 60.0])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_softcap_fixed_offset_extreme_rows(cap, head_dim):
+    """Soft-capping with the fixed softmax offset (ir/scorerange.py; cap 30: the offset is the cap, 50:
+    shifted so the worst row's maximum is 2^-100, 60: too wide, the running maximum) on its worst
+    case: rows whose every score saturates near -cap (p ~ 2^-100 at cap 50) and rows near +cap, next
+    to ordinary rows and a fully masked-free ragged length. Output by the error-ratio rule, LSE to 2e-3."""
+    from attncompiler.reference import eager_attention, error_ratio_check, reference_attention
+
+    kern = ac.compile(presets.softcap(cap, head_dim), "v3")
+    assert ("kStaticMax = true" in kern.source) == (cap <= 51.3)
+    B_, H_, N = 1, 2, 1023
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(B_, H_, N, head_dim, device="cuda", generator=g) for _ in range(3))
+    u = torch.randn(head_dim, device="cuda", generator=g)
+    k = u + 0.1 * k                                   # every key close to u
+    beta = 5.0 * cap * head_dim ** 0.5 / float(u @ u)  # q = -beta u: every score ~ -5 cap before the cap
+    q[:, :, :200] = -beta * u
+    q[:, :, 200:400] = beta * u
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    out = torch.full_like(q, float("nan"))
+    _, lse = kern(q, k, v, out=out, return_lse=True)
+    ref, ref_lse = reference_attention(q, k, v, kern.ir, return_lse=True)
+    ok, msg = error_ratio_check(out, ref, eager_attention(q, k, v, kern.ir))
+    assert ok, f"cap {cap} d={head_dim}: {msg}"
+    assert float((lse.double() - ref_lse).abs().max()) <= 2e-3
+
+
+@needs_hopper
+def test_softcap_fixed_offset_fully_masked_rows():
+    """The fixed offset with the d=64 plan's polynomial exponentials (exp2(-inf) must be exactly 0 there:
+    the row maximum no longer marks rows without a visible key): those rows give 0 and LSE -inf, the
+    rest match the reference."""
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= 64) & (kv_idx <= q_idx)
+
+    spec = ac.AttentionSpec(head_dim=64, score_mod=presets.softcap_score_mod(30.0), mask_mod=mask, name="capmask")
+    kern = ac.compile(spec, "v3")
+    assert kern.kernel_source.plan.exp2_poly > 0 and "kStaticMax = true" in kern.source
+    q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = kern(q, k, v, return_lse=True)
+    assert not torch.isnan(out).any()
+    assert (out[:, :, :64] == 0).all()
+    assert torch.isinf(lse[:, :, :64]).all() and (lse[:, :, :64] < 0).all()
+    for n in (113, 1023):
+        res = check_kernel(kern, B, H, n)
+        assert res.ok, f"N={n}: {res}"

@@ -20,6 +20,7 @@ from ..ir.bounds import tile_classifier
 from ..ir.grad import GradError, score_grad_expr
 from ..ir.ranges import kv_range, q_range
 from ..ir.scoreform import DIST_KV, DIST_Q, Q_REF, ScoreForm, score_form
+from ..ir.scorerange import static_softmax_offset
 from ..ir.types import AttentionIR
 from ..spec.symbols import SCORE
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
@@ -27,7 +28,7 @@ from .cuda_printer import (
     FAST_INDEX_LIMIT, SYMBOL_NAMES, CudaPrinter, PrinterError, _buffer_kinds, print_cuda, uses_fast_index,
 )
 
-__all__ = ["render_prelude", "fast_index_limit", "score_form_of", "ELEM_TYPES"]
+__all__ = ["render_prelude", "fast_index_limit", "score_form_of", "static_offset_of", "ELEM_TYPES"]
 
 ELEM_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
 
@@ -78,6 +79,15 @@ def score_form_of(ir: AttentionIR) -> ScoreForm:
     return score_form(_score_log2_sympy(ir), _ACC)
 
 
+@functools.lru_cache(maxsize=256)
+def static_offset_of(ir: AttentionIR) -> float | None:
+    """The fixed softmax offset (log2 units) a bounded score_mod allows in place of the running row
+    maximum (:mod:`attncompiler.ir.scorerange`), or None."""
+    if ir.score_expr is None:
+        return None
+    return static_softmax_offset(_score_log2_sympy(ir), ir.dtype)
+
+
 def _score_form_lines(ir: AttentionIR) -> list[str]:
     """The hooks of :mod:`attncompiler.ir.scoreform`: the score_mod's positive factor and its
     separable form (defaults that the kernels never take without a score_mod)."""
@@ -93,6 +103,7 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
     dkv = "    const int ac_dkv = kv_idx - q_ref;\n" if linear else ""
     dq = "    const int ac_dq = q_ref - q_idx;\n" if linear else ""
     args = "int b, int h"
+    static = static_offset_of(ir)
     return [
         "  // log2(e) * score_mod(s * p.scale) = kScoreLog2Factor * score_mod_log2_inner(...), kScoreLog2Factor > 0",
         f"  static constexpr float kScoreLog2Factor = {pr.print(form.factor, 'float')};",
@@ -113,6 +124,10 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
         f"  static __device__ __forceinline__ float score_sep_row({args}, int q_idx, int q_ref, {_HOOK_ARGS}) {{",
         f"{dq}    return {row};",
         "  }",
+        "  // bounded score_mod (ir/scorerange.py): exp2(E - kStaticMaxLog2) neither overflows nor underflows for any",
+        "  // input, so the softmax may use this fixed offset instead of the running row maximum (bf16 P only)",
+        f"  static constexpr bool kStaticMax = {_bool(static is not None)};",
+        f"  static constexpr float kStaticMaxLog2 = {repr(float(static or 0.0))}f;",
     ]
 
 

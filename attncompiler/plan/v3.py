@@ -60,6 +60,14 @@ PREFERRED_BLOCK_N_DROPOUT = 176
 # N = 16k, bf16, medians of 3 interleaved rounds): ALiBi d=64 BN=176 412, BN=160 433 (plain 460);
 # d=128 BN=128 545, BN=144 580, BN=160 576 (plain 631) TFLOP/s.
 PREFERRED_BLOCK_N_SEPARABLE = {64: 160, 128: 144}
+# A bounded score_mod softmaxed with a fixed offset (softcap; ir/scorerange.py: no row maximum, no O rescale)
+# at d=64 is bound by its two MUFU ops per score (tanh, ex2): a narrower tile with half of the exponentials
+# on the FMA pipes (EXP2_POLY_STATIC) measured best.  H200, N = 16k, bf16, 2 interleaved rounds, softcap
+# d=64, TFLOP/s (plain 460): BN=192 poly 0 325; BN=128 poly 0/3/4 341/378/377; BN=144 poly 3/4/5
+# 365/385/370; BN=160 poly 4 337; BN=176 poly 3/5 330/341.  At d=128 BN=128 poly 0 stays best (592; poly 1
+# 572, 2 561; BN=144 597, 160 559).
+PREFERRED_BLOCK_N_STATIC = {64: 144}
+EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m / num_warps only at their fixed values)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly")
@@ -109,17 +117,21 @@ def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
     return r
 
 
-def _preferred(d: int, dv: int, narrow: bool, separable: bool = False) -> int:
+def _preferred(d: int, dv: int, narrow: bool, separable: bool = False, static: bool = False) -> int:
     m = max(d, dv)
     if separable and m in PREFERRED_BLOCK_N_SEPARABLE:
         return PREFERRED_BLOCK_N_SEPARABLE[m]
+    if static and m in PREFERRED_BLOCK_N_STATIC:
+        return min(PREFERRED_BLOCK_N_STATIC[m], PREFERRED_BLOCK_N_DROPOUT) if narrow else PREFERRED_BLOCK_N_STATIC[m]
     pref = PREFERRED_BLOCK_N.get(m, 128 if m <= 128 else 80)
     return min(pref, PREFERRED_BLOCK_N_DROPOUT) if narrow else pref
 
 
-def _why_preferred(d: int, dv: int, narrow: bool, separable: bool) -> str:
+def _why_preferred(d: int, dv: int, narrow: bool, separable: bool, static: bool = False) -> str:
     if separable and max(d, dv) in PREFERRED_BLOCK_N_SEPARABLE:
         return " for a separable score_mod (PREFERRED_BLOCK_N_SEPARABLE)"
+    if static and max(d, dv) in PREFERRED_BLOCK_N_STATIC:
+        return " for a bounded score_mod with a fixed softmax offset (PREFERRED_BLOCK_N_STATIC)"
     return " with dropout or polynomial exponentials" if narrow else ""
 
 
@@ -130,6 +142,15 @@ def _separable_score_mod(ir_or_dims: Any) -> bool:
     from ..codegen.hooks import score_form_of  # lazy: codegen imports the planner
 
     return score_form_of(ir_or_dims).separable
+
+
+def _static_offset(ir_or_dims: Any) -> bool:
+    """Whether the IR's score_mod is bounded enough for a fixed softmax offset (ir/scorerange.py)."""
+    if getattr(ir_or_dims, "score_expr", None) is None:
+        return False
+    from ..codegen.hooks import static_offset_of  # lazy: codegen imports the planner
+
+    return static_offset_of(ir_or_dims) is not None
 
 
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
@@ -161,11 +182,13 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
-    poly = exp2_poly if exp2_poly is not None else EXP2_POLY_DEFAULT
+    static = _static_offset(ir_or_dims)
+    static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
+    poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout or the polynomial exponentials: at most PREFERRED_BLOCK_N_DROPOUT (d=64 BN=192 spills)
     narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0
     separable = _separable_score_mod(ir_or_dims)
-    pref = _preferred(d, dv, narrow, separable)
+    pref = _preferred(d, dv, narrow, separable, static)
     limit = t.max_smem_per_block_optin
     rejected: list[str] = []
     chosen = None
@@ -201,7 +224,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
-          f"{_why_preferred(d, dv, narrow, separable)} that fits"),
+          f"{_why_preferred(d, dv, narrow, separable, static)} that fits"),
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
         f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
@@ -216,7 +239,11 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
     ]
-    if exp2_poly is None:
+    if exp2_poly is None and static_poly is not None:
+        reasons.append(f"EXP2_POLY = {poly}: {poly}/8 of the softmax exponentials on the FMA pipes, the rest on "
+                       f"MUFU beside the score_mod's own MUFU op (bounded score_mod, fixed softmax offset: "
+                       f"EXP2_POLY_STATIC)")
+    elif exp2_poly is None:
         reasons.append(f"EXP2_POLY = {poly}: every softmax exponential on MUFU ex2 (the FMA-pipe polynomial "
                        f"did not pay on the H100: EXP2_POLY_DEFAULT)")
     else:

@@ -112,19 +112,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // 2^x on the FMA / ALU pipes, for a share of a softmax's exponentials when MUFU (ex2, tanh) is the
 // bottleneck (FlashAttention-4's trick): x = n + f with n = rint(x) (the 1.5 * 2^23 rounding add),
 // 2^f for f in [-1/2, 1/2] by a cubic (minimax in relative error, max 7.5e-5 -- far below the bf16 /
-// fp16 rounding of P), times 2^n built in the exponent field.  Inputs are clamped to >= -126 with a
-// NaN-propagating max, so -inf gives 2^-126 (not 0: callers that need exact zeros for rows with no
-// visible key test the row maximum, as the kernels' epilogues do) and NaN stays NaN.  9 instructions
+// fp16 rounding of P), times 2^n built in the exponent field.  Inputs are clamped to >= -127 with a
+// NaN-propagating max: n = -127 makes the exponent field 0, so every x < -126.5 (-inf included) gives
+// exactly 0 (ex2.approx.ftz flushes there too) and NaN stays NaN.  9 instructions
 // (sm_90a: FMNMX.NAN, 3 FADD, 3 FFMA, LEA, FMUL), none on the MUFU pipe.
 __device__ __forceinline__ float ac_exp2_poly(float x) {
   float xc;
-  asm("max.NaN.f32 %0, %1, 0fC2FC0000;\n" : "=f"(xc) : "f"(x));  // max(x, -126), NaN-propagating
+  asm("max.NaN.f32 %0, %1, 0fC2FE0000;\n" : "=f"(xc) : "f"(x));  // max(x, -127), NaN-propagating
   const float t = xc + 12582912.f;                                 // rint(xc) in t's low mantissa bits
   const float f = xc - (t - 12582912.f);                           // in [-0.5, 0.5]
   float poly = fmaf(0.05517132f, f, 0.24261054f);
   poly = fmaf(poly, f, 0.69326097f);
   poly = fmaf(poly, f, 0.99992812f);
-  // 2^n = (n + 127) << 23; the rounding constant's own bits shift out of the word (low 9 bits zero)
+  // 2^n = (n + 127) << 23; the rounding constant's own bits shift out of the word (low 9 bits zero);
+  // n = -127 wraps to the word 0: +0.0
   const float scale = __int_as_float((__float_as_int(t) << 23) + (127 << 23));
   return poly * scale;
 }

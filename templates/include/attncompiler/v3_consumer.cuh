@@ -51,11 +51,12 @@ struct V3Consumer {
   using L = V3Layout<Cfg>;
   using Tr = ac_type_traits<ac_elem_t>;
   static constexpr int NS = L::NS, NO = L::NO, BN = L::BN;
+  static constexpr bool kStatic = Variant::kStaticMax;  // a fixed softmax offset (ir/scorerange.py)
 
   float acc_o[NO];
   float acc_s[NS];
   unsigned int p_frag[L::KT_PV][4];
-  float row_max[2];  // log2 domain
+  float row_max[2];  // log2 domain (Variant::kStaticMaxLog2 throughout with a fixed offset)
   float row_sum[2];  // this thread's partial sums (reduced over the quad in the epilogue)
 
   // S = Q K^T (issued, not waited): Q rows [64*wg, 64*wg + 64) of the Q tile, K of one stage.
@@ -160,6 +161,18 @@ struct V3Consumer {
         }
       }
     }
+    if constexpr (kStatic) {
+      // A bounded score_mod (softcap): the fixed offset kStaticMaxLog2 replaces the running maximum
+      // (ir/scorerange.py), so the exponentials need no row reduction first and O, l keep their scale.
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) alpha[hf] = 1.f;
+      float sum0 = 0.f, sum1 = 0.f;
+      exp_pair<0, 0>(exp_scale, Variant::kStaticMaxLog2, sum0);
+      exp_pair<0, 1>(exp_scale, Variant::kStaticMaxLog2, sum1);
+      row_sum[0] += sum0;
+      row_sum[1] += sum1;
+      return;
+    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx[BN / 8];
@@ -211,6 +224,7 @@ struct V3Consumer {
   }
 
   __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+    if constexpr (kStatic) return;  // alpha is 1
 #pragma unroll
     for (int nt = 0; nt < NO / 4; ++nt) {
       acc_o[4 * nt + 0] *= alpha[0];

@@ -90,7 +90,8 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
     float l = st.row_sum[hf];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    // (a row with no visible key has m = -inf; its l may hold ac_exp2_poly's 2^-126 terms)
+    // a row with no visible key has l = 0 (exp2(-inf) is 0 on MUFU and in ac_exp2_poly) and, without a
+    // fixed offset, m = -inf
     seen[hf] = l > 0.f && st.row_max[hf] != AC_NEG_INF;
     inv[hf] = seen[hf] ? 1.f / l : 0.f;
     const int r = row0 + g + 8 * hf;
@@ -315,7 +316,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
 #pragma unroll
     for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-    st.row_max[0] = st.row_max[1] = AC_NEG_INF;
+    st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLog2 : AC_NEG_INF;
     st.row_sum[0] = st.row_sum[1] = 0.f;
     if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
       st.sep_coef = Variant::score_sep_coef(b, h, p, buf);
