@@ -266,10 +266,11 @@ def test_exp2_poly_fully_masked_rows_and_nan():
 @pytest.mark.parametrize("cap", [30.0, 50.0, 60.0])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_softcap_fixed_offset_extreme_rows(cap, head_dim):
-    """Soft-capping with the fixed softmax offset (ir/scorerange.py; cap 30: the offset is the cap, 50:
-    shifted so the worst row's maximum is 2^-100, 60: too wide, the running maximum) on its worst
-    case: rows whose every score saturates near -cap (p ~ 2^-100 at cap 50) and rows near +cap, next
-    to ordinary rows and a fully masked-free ragged length. Output by the error-ratio rule, LSE to 2e-3."""
+    """Soft-capping with a fixed softmax offset per row (ir/scorerange.py: the first block's row maximum
+    clamped into the safe window; cap 60: too wide, the running maximum) on its worst cases: rows whose
+    every score saturates near -cap and rows near +cap, next to ordinary rows, at a ragged length (the
+    later blocks' scores exceed or undercut the first block's offset). Output by the error-ratio rule,
+    LSE to 2e-3."""
     from attncompiler.reference import eager_attention, error_ratio_check, reference_attention
 
     kern = ac.compile(presets.softcap(cap, head_dim), "v3")
@@ -310,3 +311,19 @@ def test_softcap_fixed_offset_fully_masked_rows():
     for n in (113, 1023):
         res = check_kernel(kern, B, H, n)
         assert res.ok, f"N={n}: {res}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("n", [1, 2, 64])
+def test_softcap_fixed_offset_short_rows_exact(n):
+    """Rows whose keys all lie in the first K/V block take that block's maximum as their fixed offset, so
+    the largest score keeps P = 1: one key gives exactly v (eager's answer), as the running maximum does."""
+    kern = ac.compile(presets.softcap(30.0, 128), "v3")
+    assert "kStaticMax = true" in kern.source
+    res = check_kernel(kern, B, H, 113, n)
+    assert res.ok, f"Nk={n}: {res}"
+    if n == 1:
+        q = torch.randn(1, 2, 40, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 2, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out = kern(q, k, v)
+        assert torch.equal(out, v.expand_as(out))

@@ -11,7 +11,7 @@ import torch
 import attncompiler as ac
 from attncompiler.codegen import hooks
 from attncompiler.ir.build import build_ir
-from attncompiler.ir.scorerange import MAX_SHIFT_LOG2, UNDERFLOW_LIMIT_LOG2, score_range, static_softmax_offset
+from attncompiler.ir.scorerange import MAX_SHIFT_LOG2, UNDERFLOW_LIMIT_LOG2, score_range, static_offset_window
 from attncompiler.spec import ops, presets
 
 LOG2E = 1.4426950408889634
@@ -75,15 +75,19 @@ def test_softcap_ranges_and_offsets():
         lo, hi = score_range(e)
         assert lo == pytest.approx(-cap * LOG2E) and hi == pytest.approx(cap * LOG2E)
     _, e30 = _expr(presets.softcap_score_mod(30.0))
-    assert static_softmax_offset(e30, "bf16") == pytest.approx(30.0 * LOG2E)  # range 86.6 < 100: no shift
+    lo, hi = score_range(e30)
+    m_lo, m_hi = static_offset_window(e30, "bf16")
+    assert m_lo == pytest.approx(hi - MAX_SHIFT_LOG2) and m_hi == pytest.approx(lo - UNDERFLOW_LIMIT_LOG2)
+    assert m_lo <= hi <= m_hi                               # range 86.6: the cap itself is a safe offset
     _, e50 = _expr(presets.softcap_score_mod(50.0))
-    m = static_softmax_offset(e50, "bf16")
     lo, hi = score_range(e50)
-    assert lo - m == pytest.approx(UNDERFLOW_LIMIT_LOG2)  # the worst row's maximum sits at 2^-100
-    assert 0 < hi - m <= MAX_SHIFT_LOG2                     # and the largest p at 2^44.3
+    m_lo, m_hi = static_offset_window(e50, "bf16")
+    assert m_lo <= m_hi < hi                                # range 144: the offset sits below the cap
+    assert lo - m_hi == pytest.approx(UNDERFLOW_LIMIT_LOG2)  # any offset keeps the worst row's max >= 2^-100
+    assert hi - m_lo == pytest.approx(MAX_SHIFT_LOG2)        # and every p <= 2^48
     _, e52 = _expr(presets.softcap_score_mod(52.0))        # range 150 > 148: the running maximum
-    assert static_softmax_offset(e52, "bf16") is None
-    assert static_softmax_offset(e30, "fp16") is None      # fp16 P has no room for a fixed offset
+    assert static_offset_window(e52, "bf16") is None
+    assert static_offset_window(e30, "fp16") is None       # fp16 P has no room for a fixed offset
 
 
 def test_prelude_hooks():
@@ -92,7 +96,8 @@ def test_prelude_hooks():
         ir = build_ir(ac.AttentionSpec(head_dim=64, score_mod=fn, name="t"))
         src = hooks.render_prelude(ir)
         assert f"static constexpr bool kStaticMax = {'true' if static else 'false'};" in src
-        assert "kStaticMaxLog2 = " in src
+        assert "kStaticMaxLo = " in src and "kStaticMaxHi = " in src
     src = hooks.render_prelude(build_ir(presets.plain(64)))
     assert "static constexpr bool kStaticMax = false;" in src
-    assert math.isclose(hooks.static_offset_of(build_ir(presets.softcap(30.0, 64))), 30.0 * LOG2E)
+    m_lo, m_hi = hooks.static_offset_of(build_ir(presets.softcap(30.0, 64)))
+    assert math.isclose(m_lo, 30.0 * LOG2E - 48.0) and math.isclose(m_hi, -30.0 * LOG2E + 100.0)

@@ -20,7 +20,7 @@ from ..ir.bounds import tile_classifier
 from ..ir.grad import GradError, score_grad_expr
 from ..ir.ranges import kv_range, q_range
 from ..ir.scoreform import DIST_KV, DIST_Q, Q_REF, ScoreForm, score_form
-from ..ir.scorerange import static_softmax_offset
+from ..ir.scorerange import static_offset_window
 from ..ir.types import AttentionIR
 from ..spec.symbols import SCORE
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
@@ -80,12 +80,12 @@ def score_form_of(ir: AttentionIR) -> ScoreForm:
 
 
 @functools.lru_cache(maxsize=256)
-def static_offset_of(ir: AttentionIR) -> float | None:
-    """The fixed softmax offset (log2 units) a bounded score_mod allows in place of the running row
-    maximum (:mod:`attncompiler.ir.scorerange`), or None."""
+def static_offset_of(ir: AttentionIR) -> tuple[float, float] | None:
+    """The window ``(m_lo, m_hi)`` (log2 units) of fixed softmax offsets a bounded score_mod allows in
+    place of the running row maximum (:mod:`attncompiler.ir.scorerange`), or None."""
     if ir.score_expr is None:
         return None
-    return static_softmax_offset(_score_log2_sympy(ir), ir.dtype)
+    return static_offset_window(_score_log2_sympy(ir), ir.dtype)
 
 
 def _score_form_lines(ir: AttentionIR) -> list[str]:
@@ -124,10 +124,12 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
         f"  static __device__ __forceinline__ float score_sep_row({args}, int q_idx, int q_ref, {_HOOK_ARGS}) {{",
         f"{dq}    return {row};",
         "  }",
-        "  // bounded score_mod (ir/scorerange.py): exp2(E - kStaticMaxLog2) neither overflows nor underflows for any",
-        "  // input, so the softmax may use this fixed offset instead of the running row maximum (bf16 P only)",
+        "  // bounded score_mod (ir/scorerange.py): with any offset m in [kStaticMaxLo, kStaticMaxHi], exp2(E - m)",
+        "  // neither overflows nor underflows for any input, so the softmax may fix a row's offset at its first K/V",
+        "  // block's maximum clamped into this window instead of keeping a running maximum (bf16 P only)",
         f"  static constexpr bool kStaticMax = {_bool(static is not None)};",
-        f"  static constexpr float kStaticMaxLog2 = {repr(float(static or 0.0))}f;",
+        f"  static constexpr float kStaticMaxLo = {repr(float(static[0] if static else 0.0))}f;",
+        f"  static constexpr float kStaticMaxHi = {repr(float(static[1] if static else 0.0))}f;",
     ]
 
 

@@ -1,21 +1,26 @@
-"""The range of a score_mod, and the fixed softmax offset a bounded one allows.
+"""The range of a score_mod, and the window of fixed softmax offsets a bounded one allows.
 
 The online softmax keeps a running row maximum ``m`` only so that ``exp2(E - m)`` neither overflows
 nor underflows.  When the softmax input ``E = log2(e) * score_mod(s)`` is bounded for *every* input
-(logit soft-capping: ``E`` in ``[-cap log2 e, cap log2 e]`` whatever the dot product), a constant
-offset ``m`` does the same job: no row-max reduction, no rescale of O and l per K/V block, and the
-exponentials no longer wait for the reduction.  The offset and the LSE (``m + log2 l``) are exact
-whatever ``m`` is; what ``m`` decides is only where the fp32 / bf16 range of ``p = exp2(E - m)`` lies:
+(logit soft-capping: ``E`` in ``[-cap log2 e, cap log2 e]`` whatever the dot product), an offset that
+stays fixed for the rest of the row does the same job: no row-max reduction, no rescale of O and l
+per K/V block, and the exponentials no longer wait for the reduction.  The kernels take the row
+maximum of the *first* visited K/V block, clamped into the window below, so a row whose keys all lie
+in one block (one key, a short sequence) keeps ``P = 1`` for its largest score and is as exact as
+with the running maximum.  The LSE (``m + log2 l``) is exact whatever ``m`` is; what ``m`` decides is
+only where the fp32 / bf16 range of ``p = exp2(E - m)`` lies:
 
 * **no underflow that matters**: the largest ``p`` of any row, at worst ``exp2(lo - m)``, must keep
   the terms within ``2^-24`` of it normal (fp32 and bf16 flush below ``2^-126``):
-  ``lo - m >= UNDERFLOW_LIMIT_LOG2 = -100``;
-* **no overflow**: ``p <= exp2(hi - m) = 2^shift`` with ``shift <= MAX_SHIFT_LOG2 = 48``; then l and
-  O (``sum p v`` in fp32 over at most 2^31 keys) overflow only for ``|v| >= 2^48``.
+  ``m <= lo - UNDERFLOW_LIMIT_LOG2 = lo + 100``;
+* **no overflow**: ``p <= exp2(hi - m) <= 2^MAX_SHIFT_LOG2 = 2^48``, i.e. ``m >= hi - 48``; then l
+  and O (``sum p v`` in fp32 over at most 2^31 keys) overflow only for ``|v| >= 2^48``.
 
-Both hold when ``hi - lo <= 148`` (cap <= 51.3: Gemma 2's 50 and Grok's 30 included).  The offset is
-only for bf16 P: fp16's range (normal from 2^-14, max 65504) fits no useful width, so fp16 keeps the
-running maximum.
+The window ``[hi - 48, lo + 100]`` is non-empty when ``hi - lo <= 148`` (cap <= 51.3: Gemma 2's 50
+and Grok's 30 included).  As with FlashAttention-4's conditional rescaling, a later key may then
+exceed the offset (``p > 1``) and the packed P of a row's largest score is rounded to bf16 like every
+other P (relative error <= 2^-9).  Only for bf16 P: fp16's range (normal from 2^-14, max 65504) fits
+no useful width, so fp16 keeps the running maximum.
 
 :func:`score_range` bounds an expression by interval arithmetic over all values of its symbols (the
 dot product is unbounded, positions are non-negative integers, buffer values are unbounded); it is
@@ -27,7 +32,7 @@ import math
 
 import sympy
 
-__all__ = ["score_range", "static_softmax_offset", "UNDERFLOW_LIMIT_LOG2", "MAX_SHIFT_LOG2"]
+__all__ = ["score_range", "static_offset_window", "UNDERFLOW_LIMIT_LOG2", "MAX_SHIFT_LOG2"]
 
 #: exp2 of the worst row maximum may sit this far below 2^0: its terms down to 2^-24 relative stay
 #: above fp32's / bf16's smallest normal 2^-126 (with 2 bits to spare)
@@ -123,17 +128,17 @@ def score_range(expr: sympy.Expr) -> _Range | None:
     return lo, hi
 
 
-def static_softmax_offset(expr: sympy.Expr, dtype: str) -> float | None:
-    """The constant softmax offset ``m`` (log2 units, ``expr`` = the softmax input ``log2(e) *
-    score_mod``) that replaces the running row maximum, or None when the range is unbounded, wider
-    than the limits allow (module docstring) or P is fp16."""
+def static_offset_window(expr: sympy.Expr, dtype: str) -> tuple[float, float] | None:
+    """The window ``(m_lo, m_hi)`` (log2 units; ``expr`` = the softmax input ``log2(e) * score_mod``)
+    of fixed softmax offsets that keep every ``exp2(E - m)`` in range (module docstring), or None when
+    the range is unbounded, wider than the limits allow, or P is fp16."""
     if dtype != "bf16":
         return None
     r = score_range(expr)
     if r is None:
         return None
     lo, hi = r
-    shift = max(0.0, (hi - lo) + UNDERFLOW_LIMIT_LOG2)  # the smallest shift with lo - m >= the limit
-    if shift > MAX_SHIFT_LOG2:
+    m_lo, m_hi = hi - MAX_SHIFT_LOG2, lo - UNDERFLOW_LIMIT_LOG2
+    if m_lo > m_hi:
         return None
-    return hi - shift
+    return m_lo, m_hi

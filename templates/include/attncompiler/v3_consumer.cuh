@@ -51,12 +51,12 @@ struct V3Consumer {
   using L = V3Layout<Cfg>;
   using Tr = ac_type_traits<ac_elem_t>;
   static constexpr int NS = L::NS, NO = L::NO, BN = L::BN;
-  static constexpr bool kStatic = Variant::kStaticMax;  // a fixed softmax offset (ir/scorerange.py)
+  static constexpr bool kStatic = Variant::kStaticMax;  // a fixed softmax offset per row (ir/scorerange.py)
 
   float acc_o[NO];
   float acc_s[NS];
   unsigned int p_frag[L::KT_PV][4];
-  float row_max[2];  // log2 domain (Variant::kStaticMaxLog2 throughout with a fixed offset)
+  float row_max[2];  // log2 domain (with a fixed offset: set by the first block, then constant)
   float row_sum[2];  // this thread's partial sums (reduced over the quad in the epilogue)
 
   // S = Q K^T (issued, not waited): Q rows [64*wg, 64*wg + 64) of the Q tile, K of one stage.
@@ -112,6 +112,9 @@ struct V3Consumer {
   // score_mod, then the mask (only when `masked`: a branch around the mask pass alone, see
   // softmax_dispatch), the online-softmax update of one S tile, then S <- exp2(S - m) in place (summed
   // into l; dropout comes in convert_p). alpha: the rescale of the previous O and l.
+  // kFirst: the tile's first visited K/V block (with a fixed offset, kStatic, the only one that takes a
+  // row maximum).
+  template <bool kFirst>
   __device__ __forceinline__ void softmax(bool masked, int kv0, int row0, float exp_scale, int b, int h,
                                           const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
     const int t = threadIdx.x & 3;
@@ -161,14 +164,14 @@ struct V3Consumer {
         }
       }
     }
-    if constexpr (kStatic) {
-      // A bounded score_mod (softcap): the fixed offset kStaticMaxLog2 replaces the running maximum
+    if constexpr (kStatic && !kFirst) {
+      // A bounded score_mod (softcap) after the first block: the row's offset stays fixed
       // (ir/scorerange.py), so the exponentials need no row reduction first and O, l keep their scale.
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) alpha[hf] = 1.f;
       float sum0 = 0.f, sum1 = 0.f;
-      exp_pair<0, 0>(exp_scale, Variant::kStaticMaxLog2, sum0);
-      exp_pair<0, 1>(exp_scale, Variant::kStaticMaxLog2, sum1);
+      exp_pair<0, 0>(exp_scale, row_max[0], sum0);
+      exp_pair<0, 1>(exp_scale, row_max[1], sum1);
       row_sum[0] += sum0;
       row_sum[1] += sum1;
       return;
@@ -186,6 +189,22 @@ struct V3Consumer {
       float m = mx[0];
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      if constexpr (kStatic) {
+        // The first block: its row maximum, clamped into the window where exp2(E - m) stays in range
+        // for every later score, fixes the row's offset (a row without a visible key here takes the
+        // window's low end). A row whose keys all lie in this block keeps P = 1 for its largest score.
+        const float m_fix = fminf(fmaxf(m * exp_scale, Variant::kStaticMaxLo), Variant::kStaticMaxHi);
+        alpha[hf] = 1.f;
+        row_max[hf] = m_fix;
+        float sum = 0.f;
+        if (hf == 0) {
+          exp_pair<0, 0>(exp_scale, m_fix, sum);
+        } else {
+          exp_pair<0, 1>(exp_scale, m_fix, sum);
+        }
+        row_sum[hf] += sum;
+        continue;
+      }
       const float m_old = row_max[hf];
       const float m_new = fmaxf(m_old, m * exp_scale);
       // A row with no visible key so far keeps m = -inf; 0 as the reference keeps exp2 NaN-free.
@@ -210,16 +229,17 @@ struct V3Consumer {
   // 602, sliding window 344 vs 444, causal d64 411 vs 446.
   static constexpr bool kTwoSoftmaxCopies =
       !Variant::kHasMask && (!(Variant::kHasScoreMod && Variant::kScoreSeparable) || L::DV >= 256);
+  template <bool kFirst = false>
   __device__ __forceinline__ void softmax_dispatch(bool masked, int kv0, int row0, float exp_scale, int b, int h,
                                                    const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
     if constexpr (kTwoSoftmaxCopies) {
       if (masked) {
-        softmax(true, kv0, row0, exp_scale, b, h, p, buf, alpha);
+        softmax<kFirst>(true, kv0, row0, exp_scale, b, h, p, buf, alpha);
       } else {
-        softmax(false, kv0, row0, exp_scale, b, h, p, buf, alpha);
+        softmax<kFirst>(false, kv0, row0, exp_scale, b, h, p, buf, alpha);
       }
     } else {
-      softmax(masked, kv0, row0, exp_scale, b, h, p, buf, alpha);
+      softmax<kFirst>(masked, kv0, row0, exp_scale, b, h, p, buf, alpha);
     }
   }
 

@@ -316,7 +316,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
 #pragma unroll
     for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-    st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLog2 : AC_NEG_INF;
+    st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
     st.row_sum[0] = st.row_sum[1] = 0.f;
     if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
       st.sep_coef = Variant::score_sep_coef(b, h, p, buf);
@@ -357,7 +357,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_arrive(empty_k(s));
       {
         float alpha[2];
-        st.softmax_dispatch(masked, j * BN, row0, exp_scale, b, h, p, buf, alpha);
+        st.template softmax_dispatch<true>(masked, j * BN, row0, exp_scale, b, h, p, buf, alpha);
         st.convert_p(j * BN, row0, b, h, p);
       }
       AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
