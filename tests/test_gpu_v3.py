@@ -263,9 +263,10 @@ def test_exp2_poly_fully_masked_rows_and_nan():
 
 
 @needs_hopper
+@pytest.mark.parametrize("schedule", ["v3", "v2"])
 @pytest.mark.parametrize("cap", [30.0, 50.0, 60.0])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_softcap_fixed_offset_extreme_rows(cap, head_dim):
+def test_softcap_fixed_offset_extreme_rows(cap, head_dim, schedule):
     """Soft-capping with a fixed softmax offset per row (ir/scorerange.py: the first block's row maximum
     clamped into the safe window; cap 60: too wide, the running maximum) on its worst cases: rows whose
     every score saturates near -cap and rows near +cap, next to ordinary rows, at a ragged length (the
@@ -273,7 +274,7 @@ def test_softcap_fixed_offset_extreme_rows(cap, head_dim):
     LSE to 2e-3."""
     from attncompiler.reference import eager_attention, error_ratio_check, reference_attention
 
-    kern = ac.compile(presets.softcap(cap, head_dim), "v3")
+    kern = ac.compile(presets.softcap(cap, head_dim), schedule)
     assert ("kStaticMax = true" in kern.source) == (cap <= 51.3)
     B_, H_, N = 1, 2, 1023
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -288,7 +289,7 @@ def test_softcap_fixed_offset_extreme_rows(cap, head_dim):
     _, lse = kern(q, k, v, out=out, return_lse=True)
     ref, ref_lse = reference_attention(q, k, v, kern.ir, return_lse=True)
     ok, msg = error_ratio_check(out, ref, eager_attention(q, k, v, kern.ir))
-    assert ok, f"cap {cap} d={head_dim}: {msg}"
+    assert ok, f"{schedule} cap {cap} d={head_dim}: {msg}"
     assert float((lse.double() - ref_lse).abs().max()) <= 2e-3
 
 
@@ -314,11 +315,12 @@ def test_softcap_fixed_offset_fully_masked_rows():
 
 
 @needs_hopper
+@pytest.mark.parametrize("schedule", ["v3", "v2"])
 @pytest.mark.parametrize("n", [1, 2, 64])
-def test_softcap_fixed_offset_short_rows_exact(n):
+def test_softcap_fixed_offset_short_rows_exact(n, schedule):
     """Rows whose keys all lie in the first K/V block take that block's maximum as their fixed offset, so
     the largest score keeps P = 1: one key gives exactly v (eager's answer), as the running maximum does."""
-    kern = ac.compile(presets.softcap(30.0, 128), "v3")
+    kern = ac.compile(presets.softcap(30.0, 128), schedule)
     assert "kStaticMax = true" in kern.source
     res = check_kernel(kern, B, H, 113, n)
     assert res.ok, f"Nk={n}: {res}"

@@ -117,10 +117,13 @@ struct V2Cta {
   // score_mod, mask (kMasked only) and the online-softmax statistics of one tile: the new row max
   // m, its exp2 reference m_ref, alpha = 2^(m_old - m_ref) (l is rescaled here, O by rescale_o).
   // Returns whether any row of this thread changed its max (else every alpha is exactly 1).
+  // With a bounded score_mod (Variant::kStaticMax, ir/scorerange.py) only the first visited tile
+  // (`first`) takes a row maximum: clamped into the safe window it fixes the row's offset, and later
+  // tiles skip the reduction and the rescale.
   template <bool kMasked>
   __device__ __forceinline__ bool softmax_stats(float (&acc_s)[MT][L::NT_S][4], float (&m_ref)[MT][2],
                                                 float (&alpha)[MT][2], int kv0, int q_row0, float exp_scale, int b,
-                                                int h, const AttnParams& p, const AttnBuffers& buf) {
+                                                int h, const AttnParams& p, const AttnBuffers& buf, bool first) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
     bool changed = false;
@@ -146,6 +149,13 @@ struct V2Cta {
             acc_s[mt][nt][2 * hf + e] = x;
           }
         }
+        if constexpr (Variant::kStaticMax) {
+          if (!first) {  // the row's offset is fixed: no reduction, alpha = 1
+            m_ref[mt][hf] = row_max[mt][hf];
+            alpha[mt][hf] = 1.f;
+            continue;
+          }
+        }
         // Row max as a tree (short dependency chain), then over the quad.
         float mx[L::NT_S];
 #pragma unroll
@@ -158,6 +168,15 @@ struct V2Cta {
         float m = mx[0];
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        if constexpr (Variant::kStaticMax) {
+          // the first tile's maximum clamped into the window where exp2(E - m) stays in range for every
+          // later score (a row with no visible key yet takes the low end): the row's fixed offset
+          const float m_fix = fminf(fmaxf(m * exp_scale, Variant::kStaticMaxLo), Variant::kStaticMaxHi);
+          m_ref[mt][hf] = m_fix;
+          alpha[mt][hf] = 1.f;
+          row_max[mt][hf] = m_fix;
+          continue;
+        }
         // Scores are kept raw (x * exp_scale is the log2-domain score): the scale folds into the
         // exp2's FFMA. Scale > 0, so the max commutes with it.
         const float m_old = row_max[mt][hf];
@@ -325,7 +344,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
 #pragma unroll
       for (int e = 0; e < 4; ++e) st.acc_o[mt][nt][e] = 0.f;
     }
-    st.row_max[mt][0] = st.row_max[mt][1] = AC_NEG_INF;
+    st.row_max[mt][0] = st.row_max[mt][1] = Variant::kStaticMax ? Variant::kStaticMaxLo : AC_NEG_INF;
     st.row_sum[mt][0] = st.row_sum[mt][1] = 0.f;
   }
 
@@ -352,6 +371,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
   }
 
   unsigned int stage_off = 0;  // byte offset of the current K/V stage
+  bool first = true;           // the first visited K/V tile (fixes the softmax offset of a bounded score_mod)
   while (j < j_end) {
     const int kv0 = j * BN;
     const int kv_rows = min(BN, p.Nk - kv0);
@@ -401,10 +421,11 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     float m_ref[MT][2], alpha[MT][2];
     bool changed;
     if (need_mask) {
-      changed = st.template softmax_stats<true>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf);
+      changed = st.template softmax_stats<true>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf, first);
     } else {
-      changed = st.template softmax_stats<false>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf);
+      changed = st.template softmax_stats<false>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf, first);
     }
+    first = false;
     // (5) P = exp2(S - m), dropout, O += P V_j.
     st.exp_pv(acc_s, m_ref, alpha, changed, v_base + stage_off, kv0, q_row0, exp_scale, b, h, p);
 
