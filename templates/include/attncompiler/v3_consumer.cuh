@@ -174,8 +174,14 @@ struct V3Consumer {
       exp_pair<0, 1>(exp_scale, row_max[1], sum1);
       row_sum[0] += sum0;
       row_sum[1] += sum1;
-      return;
+    } else {
+      row_stats(exp_scale, alpha);
     }
+  }
+
+  // The row maxima of one S tile (a tree, then over the quad), the offsets and alpha, then S <- exp2(S - m)
+  // summed into l: the running maximum, or with kStatic the first block's clamped maximum.
+  __device__ __forceinline__ void row_stats(float exp_scale, float (&alpha)[2]) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx[BN / 8];
@@ -189,28 +195,22 @@ struct V3Consumer {
       float m = mx[0];
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      float m_ref;
       if constexpr (kStatic) {
         // The first block: its row maximum, clamped into the window where exp2(E - m) stays in range
         // for every later score, fixes the row's offset (a row without a visible key here takes the
         // window's low end). A row whose keys all lie in this block keeps P = 1 for its largest score.
-        const float m_fix = fminf(fmaxf(m * exp_scale, Variant::kStaticMaxLo), Variant::kStaticMaxHi);
+        m_ref = fminf(fmaxf(m * exp_scale, Variant::kStaticMaxLo), Variant::kStaticMaxHi);
         alpha[hf] = 1.f;
-        row_max[hf] = m_fix;
-        float sum = 0.f;
-        if (hf == 0) {
-          exp_pair<0, 0>(exp_scale, m_fix, sum);
-        } else {
-          exp_pair<0, 1>(exp_scale, m_fix, sum);
-        }
-        row_sum[hf] += sum;
-        continue;
+        row_max[hf] = m_ref;
+      } else {
+        const float m_old = row_max[hf];
+        const float m_new = fmaxf(m_old, m * exp_scale);
+        // A row with no visible key so far keeps m = -inf; 0 as the reference keeps exp2 NaN-free.
+        m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
+        alpha[hf] = fast_exp2(m_old - m_ref);
+        row_max[hf] = m_new;
       }
-      const float m_old = row_max[hf];
-      const float m_new = fmaxf(m_old, m * exp_scale);
-      // A row with no visible key so far keeps m = -inf; 0 as the reference keeps exp2 NaN-free.
-      const float m_ref = (m_new == AC_NEG_INF) ? 0.f : m_new;
-      alpha[hf] = fast_exp2(m_old - m_ref);
-      row_max[hf] = m_new;
       float sum = 0.f;
       if (hf == 0) {
         exp_pair<0, 0>(exp_scale, m_ref, sum);
@@ -244,13 +244,14 @@ struct V3Consumer {
   }
 
   __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
-    if constexpr (kStatic) return;  // alpha is 1
+    if constexpr (!kStatic) {  // (with a fixed offset alpha is 1)
 #pragma unroll
-    for (int nt = 0; nt < NO / 4; ++nt) {
-      acc_o[4 * nt + 0] *= alpha[0];
-      acc_o[4 * nt + 1] *= alpha[0];
-      acc_o[4 * nt + 2] *= alpha[1];
-      acc_o[4 * nt + 3] *= alpha[1];
+      for (int nt = 0; nt < NO / 4; ++nt) {
+        acc_o[4 * nt + 0] *= alpha[0];
+        acc_o[4 * nt + 1] *= alpha[0];
+        acc_o[4 * nt + 2] *= alpha[1];
+        acc_o[4 * nt + 3] *= alpha[1];
+      }
     }
   }
 
