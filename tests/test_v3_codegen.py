@@ -58,6 +58,20 @@ def test_plan_choices(d, block_n, stages):
     assert drop.block_n == min(block_n, PREFERRED_BLOCK_N_DROPOUT) and "with dropout" in drop.describe()
 
 
+@pytest.mark.parametrize("spec, block_n, poly", [
+    (presets.softcap(30.0, 64), 144, 4),    # bounded: fixed softmax offset, MUFU-bound at d=64
+    (presets.softcap(60.0, 64), 192, 0),    # too wide for a fixed offset: the running maximum, plain's plan
+    (presets.softcap(30.0, 128), 128, 0),
+    (presets.softcap(30.0, 64, dtype="fp16"), 192, 0),  # fp16 P keeps the running maximum
+])
+def test_plan_bounded_score_mod(spec, block_n, poly):
+    p = plan_v3(build_ir(spec), "sm_90")
+    assert (p.block_n, p.exp2_poly) == (block_n, poly)
+    if poly:
+        assert "EXP2_POLY_STATIC" in p.describe() and "PREFERRED_BLOCK_N_STATIC" in p.describe()
+    assert plan_v3(build_ir(spec), "sm_90", exp2_poly=0).exp2_poly == 0  # the caller's choice wins
+
+
 def test_plan_errors_name_the_numbers():
     with pytest.raises(PlanError, match="v3 needs sm_90a, got sm_80"):
         plan_v3(ProblemDims(128), "sm_80")
