@@ -4,7 +4,8 @@
 
 Shape: N = 16k, B*N = 16k tokens (B = 1), H*d = 2048.  FLOPs = 4*B*H*N^2*d, halved when causal
 (window: the visible pairs).  Timing: triton's do_bench median (CUDA events) over three rotated input
-sets.  ``--check`` first runs a few small correctness checks (error-ratio rule, float64 reference)
+sets; with ``--rounds R`` every backend of a row is timed R times, interleaved, and the median is
+reported (the JSON line keeps the min / max).  ``--check`` first runs a few small correctness checks (error-ratio rule, float64 reference)
 and prints them.  JSON lines go to $OUT/bench_v3.jsonl (or /tmp).
 """
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", default="v3,v2")
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--v3-options", default="", help="e.g. block_n=176,stages=2")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every backend of a row this many times, interleaved; report the medians")
     args = ap.parse_args(argv)
     if args.check:
         checks()
@@ -86,38 +89,44 @@ def main(argv: list[str] | None = None) -> int:
                 w = 1024
                 pairs = sum(min(i + 1, w + 1) for i in range(N)) if N <= 65536 else N * w
             flops = 4 * B * H * pairs * d
-            res = {}
+            fns = {}
             for sched in args.schedules.split(","):
                 try:
                     kern = ac.compile(_spec(var, d, H, N), sched, **(opts if sched == "v3" else {}))
                     it = [0]
 
-                    def step(kern=kern):
+                    def step(kern=kern, it=it):
                         q, k, v = sets[it[0] % 3]
                         it[0] += 1
                         return kern(q, k, v)
 
-                    ms = do_bench(step, warmup=50, rep=300, return_mode="median")
-                    res[sched] = flops / ms / 1e9
+                    fns[sched] = step
                 except Exception as e:
                     print(f"{sched} {var} d={d}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
             if var in ("plain", "causal"):
                 for be_name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    it = [0]
+
+                    def peer(be=be, it=it, causal=causal):
+                        q, k, v = sets[it[0] % 3]
+                        it[0] += 1
+                        with sdpa_kernel(be):
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    fns[be_name] = peer
+            samples: dict[str, list[float]] = {}
+            for _ in range(max(1, args.rounds)):  # interleaved: drift spreads over every backend of the row
+                for name, fn in list(fns.items()):
                     try:
-                        it = [0]
-
-                        def peer(be=be):
-                            q, k, v = sets[it[0] % 3]
-                            it[0] += 1
-                            with sdpa_kernel(be):
-                                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                        ms = do_bench(peer, warmup=50, rep=300, return_mode="median")
-                        res[be_name] = flops / ms / 1e9
+                        ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+                        samples.setdefault(name, []).append(flops / ms / 1e9)
                     except Exception as e:
-                        print(f"{be_name} {var} d={d}: ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        print(f"{name} {var} d={d}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+                        del fns[name]
+            res = {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
             row = {"d": d, "H": H, "B": B, "N": N, "variant": var, "tflops": {k: round(v, 1) for k, v in res.items()},
-                   "v3_options": opts}
+                   "v3_options": opts, "rounds": max(1, args.rounds),
+                   "range": {k: [round(min(ts), 1), round(max(ts), 1)] for k, ts in samples.items()}}
             fout.write(json.dumps(row) + "\n")
             fout.flush()
             table.append(row)

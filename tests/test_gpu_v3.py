@@ -105,6 +105,28 @@ def test_forced_tiles(block_n, stages):
 
 
 @needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_three_consumers(name):
+    """block_m = 192: three consumer warpgroups taking GEMM turns round robin (d = 64 and d = 128 at
+    BLOCK_N 64), every preset at seqlens that are not multiples of 192 or of BLOCK_N, cross lengths
+    with GQA, and the persistent grid."""
+    for head_dim, block_n in ((64, 96), (128, 64)):
+        for n in (113, 1023, 4096):
+            kern = ac.compile(spec_for(name, head_dim, "bf16", n), "v3", block_m=192, block_n=block_n)
+            assert kern.kernel_source.plan.consumers == 3
+            res = check_kernel(kern, B, H, n)
+            assert res.ok, f"{name} block_m=192 d={head_dim} BN={block_n} N={n}: {res}"
+    kern = ac.compile(spec_for(name, 64, "fp16", 1023), "v3", block_m=192, block_n=96, persistent=True)
+    res = check_kernel(kern, B, H, 1023)
+    assert res.ok, f"{name} block_m=192 persistent fp16: {res}"
+    if name in ("plain", "causal"):
+        kern = ac.compile(spec_for(name, 64, "bf16", 1500), "v3", block_m=192, block_n=96)
+        for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
+            res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
+            assert res.ok, f"{name} block_m=192 GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+
+
+@needs_hopper
 @pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_persistent(name, head_dim):
@@ -329,3 +351,23 @@ def test_softcap_fixed_offset_short_rows_exact(n, schedule):
         k, v = (torch.randn(1, 2, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         out = kern(q, k, v)
         assert torch.equal(out, v.expand_as(out))
+
+
+@needs_hopper
+@pytest.mark.parametrize("rate", [0.002, 0.02, 0.5])
+def test_lazy_rescale_growing_row_maxima(rate):
+    """Row maxima that grow along the keys, per K/V block by less than the lazy-rescale slack (8 log2 units:
+    the offset stays and P exceeds 1), by about it, and by far more (the offset moves at every block):
+    a separable drift (its own softmax path) and a key-dependent stretch of the score (score_mod's)."""
+    def drift(score, b, h, q_idx, kv_idx):
+        return score + rate * kv_idx
+
+    def stretch(score, b, h, q_idx, kv_idx):
+        return score * (1.0 + rate * kv_idx / 64)
+
+    for mod in (drift, stretch):
+        for dtype in ("bf16", "fp16"):
+            kern = ac.compile(ac.AttentionSpec(head_dim=128, dtype=dtype, score_mod=mod, name=mod.__name__), "v3")
+            for n in (1023, 4096):
+                res = check_kernel(kern, 1, 2, n)
+                assert res.ok, f"{mod.__name__} rate={rate} {dtype} N={n}: {res}"

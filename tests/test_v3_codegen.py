@@ -46,14 +46,22 @@ def _render(spec: ac.AttentionSpec, **opts):
 
 @pytest.mark.parametrize("d,block_n,stages", [(64, 192, 4), (128, 128, 3), (192, 112, 2), (256, 80, 2)])
 def test_plan_choices(d, block_n, stages):
-    p = plan_v3(ProblemDims(d), "sm_90")
+    # with a mask: two consumer warpgroups at every head dim
+    p = plan_v3(build_ir(presets.causal(d)), "sm_90")
     assert (p.block_m, p.block_n, p.stages, p.num_threads) == (128, block_n, stages, 384)
     assert p.smem_bytes == v3_smem_bytes(128, block_n, d, d, stages) <= get_target("sm_90").max_smem_per_block_optin
     assert p.producer_regs == PRODUCER_REGS and p.consumer_regs == CONSUMER_REGS
     text = p.describe()
     assert "setmaxnreg" in text and "rejected" in text or stages == 4
-    masked = plan_v3(build_ir(presets.causal(d)), "sm_90")  # a mask: the same width
-    assert masked.block_n == block_n
+    plain = plan_v3(ProblemDims(d), "sm_90")  # no mask: three consumers at d = 64 (PREFERRED_BLOCK_M)
+    if d == 64:
+        assert (plain.block_m, plain.block_n, plain.consumer_regs, plain.num_threads) == (192, 112, 160, 512)
+        assert "PREFERRED_BLOCK_M" in plain.describe()
+        assert "BLOCK_N=128: ~168 registers per consumer thread > 160" in plain.describe()
+        assert plan_v3(ProblemDims(d), "sm_90", block_n=192).block_m == 128  # too wide for three: two
+        assert plan_v3(ProblemDims(d), "sm_90", num_warps=12).block_m == 128  # the warps name two
+    else:
+        assert (plain.block_m, plain.block_n, plain.stages) == (128, block_n, stages)
     drop = plan_v3(build_ir(ac.AttentionSpec(head_dim=d, dropout_p=0.1)), "sm_90")  # at most ..._DROPOUT
     assert drop.block_n == min(block_n, PREFERRED_BLOCK_N_DROPOUT) and "with dropout" in drop.describe()
 
@@ -83,8 +91,24 @@ def test_plan_errors_name_the_numbers():
         plan_v3(ProblemDims(256), "sm_90", block_n=64, stages=4)
     with pytest.raises(PlanError, match="registers per consumer thread > 240"):
         plan_v3(ProblemDims(256), "sm_90", block_n=256)
-    with pytest.raises(PlanError, match="expected block_m=128"):
+    with pytest.raises(PlanError, match=r"expected block_m in \(128, 192\).*got 64"):
         plan_v3(ProblemDims(128), "sm_90", block_m=64)
+    with pytest.raises(PlanError, match="BLOCK_N=128: ~168 registers per consumer thread > 160"):
+        plan_v3(ProblemDims(64), "sm_90", block_m=192, block_n=128)
+    with pytest.raises(PlanError, match="expected num_warps=16"):
+        plan_v3(ProblemDims(64), "sm_90", block_m=192, num_warps=12)
+
+
+def test_plan_three_consumers():
+    """block_m = 192: three consumer warpgroups with 160 registers each, BLOCK_N narrowed to fit them."""
+    p = plan_v3(ProblemDims(64), "sm_90", block_m=192)
+    assert (p.block_m, p.consumers, p.consumer_regs, p.num_threads) == (192, 3, 160, 512)
+    assert p.block_n == 112 and p.options["block_m"] == 192
+    assert any("x 3 consumer warpgroups = 192 (forced)" in r for r in p.reasons)
+    assert any("24*128 + 160*384 <= 65536" in r for r in p.reasons)
+    assert plan_v3(ProblemDims(64), "sm_90", **p.options) == p
+    src = ac.compile(presets.causal(64), "v3", target="sm_90", build=False, block_m=192).kernel_source.source
+    assert "static constexpr int NC = 3;" in src and "__launch_bounds__(512, 1)" in src
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_100"])
@@ -103,7 +127,7 @@ def test_render_has_the_hopper_pieces():
         assert needle in src, needle
     assert '#include "attncompiler/' not in src
     fp16 = _render(presets.plain(64, dtype="fp16")).source
-    assert "m64n192k16.f32.f16.f16" in fp16 and "m64n64k16.f32.f16.f16" in fp16
+    assert "m64n112k16.f32.f16.f16" in fp16 and "m64n64k16.f32.f16.f16" in fp16  # d64: three consumers, BN 112
 
 
 def test_cli_show_prints_the_v3_source(capsys):

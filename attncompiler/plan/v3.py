@@ -26,7 +26,7 @@ from .targets import Target
 
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
-    "CONSUMER_REGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT",
+    "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M", "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT",
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
@@ -37,6 +37,17 @@ WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer
 CONSUMER_WGS = 2             # two consumers: ping-pong (one softmax under the other's GEMMs)
 PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addresses and counters
 CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
+# block_m = 192 (plan option): three consumer warpgroups taking GEMM turns round robin, as FlashAttention-3
+# tiles d = 64; 24*128 + 160*384 = 64512 <= 65536, so each consumer gets 160 registers.
+CONSUMER_REGS_BY_WGS = {2: CONSUMER_REGS, 3: 160}
+# BLOCK_M by max(D, DV) for kernels without a mask, dropout or a score_mod other than a separable one (ALiBi)
+# (elsewhere 128).  At d = 64
+# the GEMMs are short beside the softmax, and a third consumer warpgroup keeps the tensor cores fed.  Measured on
+# an H100 (2026-11-22, N = 16k, bf16, medians of 3 interleaved rounds, TFLOP/s, BLOCK_M 128 -> 192 at BN 96 /
+# 112): plain 451 -> 486 / 478 and 449 -> 494 / 506; ALiBi 423 -> 428 / 438 and 410 -> 442 (BN 112).  Not taken
+# where it measured slower or equal: causal d64 433 -> 422-432, document d64 923 -> 726, softcap d64 375 ->
+# 332-362, plain d128 (BN 64) 642 -> 597, causal d128 581 -> 509; sliding windows also pay a higher tiling floor.
+PREFERRED_BLOCK_M = {64: 192}
 SWIZZLE_BYTES = 128          # TMA SWIZZLE_128B: inner box dim <= 128 bytes = 64 16-bit elements
 SMEM_ALIGN_SLACK = 1024      # the 128-byte swizzle needs 1024-byte aligned tiles; dynamic smem is 16
 MBARRIER_BYTES = 8
@@ -69,7 +80,7 @@ PREFERRED_BLOCK_N_SEPARABLE = {64: 160, 128: 144}
 PREFERRED_BLOCK_N_STATIC = {64: 144}
 EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
-#: the plan options :func:`plan_v3` takes (block_m / num_warps only at their fixed values)
+#: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly")
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -93,7 +104,7 @@ class V3Plan(Plan):
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
-                "exp2_poly": self.exp2_poly}
+                "exp2_poly": self.exp2_poly, "block_m": self.block_m}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -163,12 +174,31 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         raise PlanError(f"v3 needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only); "
                         f"use schedule='v2' there")
     d, dv, eb = dims.head_dim, dims.head_dim_v, elem_bytes(dims.dtype)
-    bm = WGMMA_M * CONSUMER_WGS
-    if block_m is not None and block_m != bm:
-        raise PlanError(f"v3: expected block_m={bm} (64 rows per consumer warpgroup x {CONSUMER_WGS}), got {block_m}")
-    nw = 4 * (CONSUMER_WGS + 1)
+    bms = tuple(WGMMA_M * n for n in CONSUMER_REGS_BY_WGS)
+    if block_m is not None and block_m not in bms:
+        raise PlanError(f"v3: expected block_m in {bms} (64 rows per consumer warpgroup x "
+                        f"{' or '.join(map(str, CONSUMER_REGS_BY_WGS))}), got {block_m}")
+    static = _static_offset(ir_or_dims)
+    # no mask, no dropout, no score_mod beyond a separable one (ALiBi), no polynomial exponentials
+    plain_softmax = (getattr(ir_or_dims, "mask_expr", None) is None and getattr(ir_or_dims, "dropout_p", 0.0) == 0.0
+                     and (getattr(ir_or_dims, "score_expr", None) is None or _separable_score_mod(ir_or_dims))
+                     and not static and not exp2_poly)
+    if block_m is None and num_warps is not None and num_warps % 4 == 0 and num_warps // 4 - 1 in CONSUMER_REGS_BY_WGS:
+        block_m = WGMMA_M * (num_warps // 4 - 1)  # the warps name the consumer warpgroups
+    bm = block_m if block_m is not None else WGMMA_M * CONSUMER_WGS
+    bm_why = " (forced)" if block_m is not None else ""
+    pref_bm = PREFERRED_BLOCK_M.get(max(d, dv))
+    if block_m is None and plain_softmax and pref_bm is not None:
+        fits_n = block_n is None or v3_register_estimate(block_n, dv)["total"] <= CONSUMER_REGS_BY_WGS[pref_bm // WGMMA_M]
+        if fits_n:
+            bm = pref_bm
+            bm_why = (f" (PREFERRED_BLOCK_M for max(D, DV) = {max(d, dv)} without a mask, dropout or a score_mod "
+                      f"other than a separable one: measured faster)")
+    nc = bm // WGMMA_M
+    consumer_regs = CONSUMER_REGS_BY_WGS[nc]
+    nw = 4 * (nc + 1)
     if num_warps is not None and num_warps != nw:
-        raise PlanError(f"v3: expected num_warps={nw} (1 producer + {CONSUMER_WGS} consumer warpgroups), "
+        raise PlanError(f"v3: expected num_warps={nw} (1 producer + {nc} consumer warpgroups), "
                         f"got {num_warps}")
     cols = SWIZZLE_BYTES // eb
     bad = [f"{label}={x}" for label, x in (("head_dim", d), ("head_dim_v", dv)) if x % cols or x > 256]
@@ -182,7 +212,6 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
-    static = _static_offset(ir_or_dims)
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout or the polynomial exponentials: at most PREFERRED_BLOCK_N_DROPOUT (d=64 BN=192 spills)
@@ -199,8 +228,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         if block_n is None and bn > pref:
             continue  # wider than preferred: not considered (listed once below)
         regs = v3_register_estimate(bn, dv)
-        if regs["total"] > CONSUMER_REGS:
-            rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {CONSUMER_REGS}")
+        if regs["total"] > consumer_regs:
+            rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {consumer_regs}")
             continue
         fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb) <= limit]
         if not fits:
@@ -220,14 +249,14 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     reasons = [
         f"D={d}, DV={dv} ({dims.dtype}): multiples of {cols} (TMA boxes of {SWIZZLE_BYTES} bytes, 128-byte swizzle) "
         f"and <= 256",
-        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {CONSUMER_WGS} consumer warpgroups = {bm}; one producer warpgroup "
+        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {nc} consumer warpgroups = {bm}{bm_why}; one producer warpgroup "
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
           f"{_why_preferred(d, dv, narrow, separable, static)} that fits"),
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
-        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {CONSUMER_REGS} "
-        f"({PRODUCER_REGS}*128 + {CONSUMER_REGS}*{128 * CONSUMER_WGS} <= 65536)",
+        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
+        f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)",
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{d} + {st}*{bn}*({d}+{dv})) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) = {smem} B <= {limit} B",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
@@ -254,9 +283,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     reasons += [f"rejected {r}" for r in rejected]
     return V3Plan(
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
-        num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=CONSUMER_REGS,
-        ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=CONSUMER_WGS, producer_regs=PRODUCER_REGS,
-        consumer_regs=CONSUMER_REGS, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
+        num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=consumer_regs,
+        ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
+        consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
     )
 
 
@@ -264,28 +293,31 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
 def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: int = 4) -> list[dict[str, Any]]:
     """Feasible v3 plan options for the autotuner, the model's choice (:func:`plan_v3`) first.
 
-    The space is what :func:`plan_v3` exposes: BLOCK_N (multiples of 16 from 64 to 256, at most
-    ``max_steps`` steps of 16 from the model's), K/V stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`)
-    and the persistent grid (BLOCK_M and the warpgroups are fixed).  Each is checked by
+    The space is what :func:`plan_v3` exposes: BLOCK_M (128 or 192: two or three consumer warpgroups),
+    BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
+    stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`) and the persistent grid.  Each is checked by
     :func:`plan_v3` (registers, shared memory); ranked by distance from the model's choice: steps of
     16 in BLOCK_N (+1 above the model's width: wider S tiles risk spills) + stages fewer than the
-    model's + 1 for the persistent grid; ties wider, then deeper first.
+    model's + 1 for the persistent grid + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider,
+    then deeper first.
     Raises :class:`PlanError` where v3 cannot run at all (not sm_90, head dims).
     """
     base = plan_v3(ir_or_dims, target)
-    ranked: list[tuple[tuple[int, int, int, int], dict[str, Any]]] = []
-    for bn in range(64, 257, 16):
-        steps = abs(bn - base.block_n) // 16
-        if steps > max_steps:
-            continue
-        for st in range(MAX_STAGES, MIN_STAGES - 1, -1):
-            for persistent in (False, True):
-                try:
-                    p = plan_v3(ir_or_dims, target, block_n=bn, stages=st, persistent=persistent)
-                except PlanError:
-                    continue
-                dist = steps + int(bn > base.block_n) + max(0, base.stages - st) + int(persistent)
-                ranked.append(((dist, -bn, -st, int(persistent)), p.options))
+    ranked: list[tuple[tuple[int, int, int, int, int], dict[str, Any]]] = []
+    for bm in (WGMMA_M * n for n in CONSUMER_REGS_BY_WGS):
+        for bn in range(64, 257, 16):
+            steps = abs(bn - base.block_n) // 16
+            if steps > max_steps:
+                continue
+            for st in range(MAX_STAGES, MIN_STAGES - 1, -1):
+                for persistent in (False, True):
+                    try:
+                        p = plan_v3(ir_or_dims, target, block_n=bn, stages=st, persistent=persistent, block_m=bm)
+                    except PlanError:
+                        continue
+                    dist = (steps + int(bn > base.block_n) + max(0, base.stages - st) + int(persistent)
+                            + int(bm != base.block_m))
+                    ranked.append(((dist, int(bm != base.block_m), -bn, -st, int(persistent)), p.options))
     ranked.sort(key=lambda r: r[0])
     out = [base.options]
     out += [o for _, o in ranked if o != base.options]
@@ -295,13 +327,13 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
 def format_candidates_v3(ir_or_dims: Any, target: Target | str | None) -> str:
     """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_N, stages, grid, smem."""
     t = resolve_target(target)
-    rows = [("rank", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)")]
+    rows = [("rank", "BLOCK_M", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)")]
     for i, o in enumerate(candidates_v3(ir_or_dims, t), 1):
         p = plan_v3(ir_or_dims, t, **o)
         regs = v3_register_estimate(p.block_n, p.head_dim_v)["total"]
-        rows.append((str(i), str(p.block_n), str(p.stages), "yes" if p.persistent else "no", str(p.smem_bytes),
-                     f"{regs} <= {CONSUMER_REGS}"))
+        rows.append((str(i), str(p.block_m), str(p.block_n), str(p.stages), "yes" if p.persistent else "no",
+                     str(p.smem_bytes), f"{regs} <= {p.consumer_regs}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    head = (f"v3 candidates on {t.name} (the autotuner's space; rank 1 = the model's choice; BLOCK_M = "
-            f"{WGMMA_M * CONSUMER_WGS}, {CONSUMER_WGS} consumer warpgroups fixed):")
+    head = (f"v3 candidates on {t.name} (the autotuner's space; rank 1 = the model's choice; BLOCK_M = 64 rows x "
+            f"consumer warpgroups):")
     return "\n".join([head] + ["  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows])

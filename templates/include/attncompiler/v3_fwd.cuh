@@ -16,9 +16,9 @@
 //     wait K_i;  [turn]  issue S_i = Q K_i^T;  wait V_{i-1};  issue O += P_{i-1} V_{i-1};  [grant]
 //     wgmma.wait 1 (S_i done) -> score_mod, mask, online softmax of S_i in fp32 (exp2, scale folded)
 //     wgmma.wait 0 (PV done)  -> release stage s_{i-1}; O *= alpha_i; P_i = bf16(exp(S_i - m_i))
-// so the softmax of block i overlaps the P V GEMM of block i-1 inside a warpgroup, and with two
-// consumers the [turn]/[grant] named barriers (ping-pong) make the warpgroups issue their GEMMs
-// in alternation: one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+// so the softmax of block i overlaps the P V GEMM of block i-1 inside a warpgroup, and with two or
+// three consumers the [turn]/[grant] named barriers (ping-pong, round robin) make the warpgroups
+// issue their GEMMs in turn: one warpgroup's softmax runs while another's GEMMs occupy the tensor cores.
 // Visited blocks: those meeting Variant::kv_range of the CTA's rows, minus the ones tile_class
 // proves EMPTY; a block is run through the masked softmax only when the warpgroup's rows make it
 // PARTIAL or it is the ragged last block (TMA zero-fills rows >= Nk; their scores are masked).
@@ -45,9 +45,9 @@
 namespace ac {
 
 // The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue;
-// kEpilogueBar + w: warpgroup w's staged O is in shared memory.
+// kEpilogueBar + w: warpgroup w's staged O is in shared memory (w < 3 consumers; ids 1..6 of 16).
 constexpr int kTurnBar = 1;
-constexpr int kEpilogueBar = 3;
+constexpr int kEpilogueBar = 4;
 
 // Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
 // for causal the last, query blocks first). Persistent: tiles in the same heaviest-first order,
@@ -286,17 +286,19 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   // 1 (separable: x = coef * s + col already is log2e * score_mod up to the row term)
   const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
                           : (Variant::kScoreSeparable ? 1.f : Variant::kScoreLog2Factor);
-  constexpr bool kPingPong = (NC == 2);
-  // Ping-pong: before each of its turns (one GEMM issue) warpgroup w waits on bar[w]; after it,
-  // it grants the other one's turn. Warpgroup 1 grants warpgroup 0's first turn at the start, and
-  // warpgroup 0 takes that one extra grant back at the end, so arrivals and waits always balance.
+  constexpr bool kPingPong = (NC >= 2);
+  // Ping-pong (round robin over the NC >= 2 consumers): before each of its turns (one GEMM issue)
+  // warpgroup w waits on bar[w]; after it, it grants the next one's turn (w + 1 mod NC). Every
+  // warpgroup takes the same turns (the CTA's K/V blocks). The last warpgroup grants warpgroup 0's
+  // first turn at the start, and warpgroup 0 takes that one extra grant back at the end, so arrivals
+  // and waits always balance.
   auto turn_wait = [&]() {
     if constexpr (kPingPong) named_bar_sync(kTurnBar + wg, 256);
   };
   auto turn_grant = [&]() {
-    if constexpr (kPingPong) named_bar_arrive(kTurnBar + (wg ^ 1), 256);
+    if constexpr (kPingPong) named_bar_arrive(kTurnBar + (wg + 1 == NC ? 0 : wg + 1), 256);
   };
-  if (kPingPong && wg == 1) named_bar_arrive(kTurnBar + 0, 256);
+  if (kPingPong && wg == NC - 1) named_bar_arrive(kTurnBar + 0, 256);
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
