@@ -371,3 +371,24 @@ def test_lazy_rescale_growing_row_maxima(rate):
             for n in (1023, 4096):
                 res = check_kernel(kern, 1, 2, n)
                 assert res.ok, f"{mod.__name__} rate={rate} {dtype} N={n}: {res}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_kv_descending(name):
+    """The K/V walk from the last block down (plan option kv_descending): every preset at seqlens that are not
+    multiples of a tile (the ragged block comes first), d = 64 and 128, and the persistent grid."""
+    for head_dim in (64, 128):
+        for n in (113, 1023, 4096):
+            kern = ac.compile(spec_for(name, head_dim, "bf16", n), "v3", kv_descending=True)
+            assert kern.kernel_source.plan.kv_descending
+            res = check_kernel(kern, B, H, n)
+            assert res.ok, f"{name} descending d={head_dim} N={n}: {res}"
+    kern = ac.compile(spec_for(name, 128, "fp16", 1023), "v3", kv_descending=True, persistent=True)
+    res = check_kernel(kern, B, H, 1023)
+    assert res.ok, f"{name} descending persistent fp16: {res}"
+    if name in ("plain", "causal", "sliding_window"):
+        kern = ac.compile(spec_for(name, 128, "bf16", 1500), "v3", kv_descending=True)
+        for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
+            res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
+            assert res.ok, f"{name} descending GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"

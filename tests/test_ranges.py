@@ -188,10 +188,11 @@ def test_rendered_prelude_has_range_hooks() -> None:
 
 
 def kernel_blocks(m: M, bm: int, bn: int, q_len: int, kv_len: int, b: int = 0, h: int = 0, buffers=None,
-                  gallop: bool = True) -> tuple[list, int]:
+                  gallop: bool = True, descending: bool = False) -> tuple[list, int]:
     """v2_fwd.cuh's K/V loop (ranges.cuh) replayed in Python for every query block: the blocks it visits (those
     of [kv_min / BN, kv_max / BN] that tile_class does not prove EMPTY) and its tile_class calls.
-    ``gallop``: kv_next_block's walk (EMPTY runs crossed by doubling ranges); False: one block at a time."""
+    ``gallop``: kv_next_block's walk (EMPTY runs crossed by doubling ranges); False: one block at a time.
+    ``descending``: v3's walk from the last block down (KvWalk<BN, true>: kv_prev_block)."""
     from attncompiler.ir.bounds import TILE_EMPTY, tile_classifier
 
     kinds = {name: "int" for name in buffers} if buffers else None  # int buffers: classified from their values
@@ -221,10 +222,28 @@ def kernel_blocks(m: M, bm: int, bn: int, q_len: int, kv_len: int, b: int = 0, h
                     s //= 2
             return j
 
-        j = next_block(j_begin)
-        while j < j_end:
-            visits.append((q0, j))
-            j = next_block(j + 1)
+        def prev_block(j: int) -> int:
+            s = 1
+            while j >= j_begin:
+                j_lo = max(j - s + 1, j_begin)
+                if empty(j_lo, j + 1):
+                    j, s = j_lo - 1, (2 * s if gallop else 1)
+                elif s == 1:
+                    break
+                else:
+                    s //= 2
+            return j
+
+        if descending:
+            j = prev_block(j_end - 1)
+            while j >= j_begin:
+                visits.append((q0, j))
+                j = prev_block(j - 1)
+        else:
+            j = next_block(j_begin)
+            while j < j_end:
+                visits.append((q0, j))
+                j = next_block(j + 1)
     return visits, calls
 
 
@@ -267,6 +286,34 @@ def test_gallop_visits_what_the_linear_scan_visits(doc_len: int, causal_too: boo
     assert calls <= linear_calls + len(linear)  # a halving step costs at most one call per visited block
     if doc_len >= 300:  # long EMPTY runs (4096 keys, 64 per block: 2048 calls one block at a time)
         assert calls < 0.6 * linear_calls, (calls, linear_calls)
+
+
+@pytest.mark.parametrize("m", [sliding(1024), prefix(96), chunked(48), sym_window(70), late_rows(200), bottom_right()],
+                         ids=lambda m: str(m.expr)[:40])
+@pytest.mark.parametrize("shape", [(128, 64, 2500, 2500), (64, 32, 300, 1000), (192, 112, 1000, 300)])
+def test_descending_walk_visits_the_same_blocks(m: M, shape: tuple[int, int, int, int]) -> None:
+    """kv_prev_block (v3's walk from the last block down) visits exactly kv_next_block's blocks, in reverse."""
+    bm, bn, q_len, kv_len = shape
+    up, _ = kernel_blocks(m, bm, bn, q_len, kv_len, h=2)
+    down, _ = kernel_blocks(m, bm, bn, q_len, kv_len, h=2, descending=True)
+    assert sorted(down) == sorted(up)
+    for q0 in {q for q, _ in up}:
+        assert [j for q, j in down if q == q0] == sorted((j for q, j in up if q == q0), reverse=True)
+
+
+@pytest.mark.parametrize("doc_len", [1, 37, 300])
+def test_descending_gallop_over_documents(doc_len: int) -> None:
+    """Galloping down over other documents' blocks visits what the one-at-a-time scan visits."""
+    from _bruteforce import DOC_BUF
+
+    n, bm, bn = 4096, 128, 64
+    docs = [i // doc_len for i in range(n)]
+    m = M(sympy.Eq(DOC_BUF[Q], DOC_BUF[KV]), lambda b, h, q, kv, ql, kl: docs[q] == docs[kv], False) & causal()
+    bufs = {"doc": docs}
+    linear, _ = kernel_blocks(m, bm, bn, n, n, buffers=bufs, gallop=False, descending=True)
+    galloped, _ = kernel_blocks(m, bm, bn, n, n, buffers=bufs, descending=True)
+    up, _ = kernel_blocks(m, bm, bn, n, n, buffers=bufs)
+    assert galloped == linear and sorted(galloped) == sorted(up)
 
 
 def test_window_scan_cost_at_16k() -> None:

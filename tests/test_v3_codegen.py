@@ -99,6 +99,25 @@ def test_plan_errors_name_the_numbers():
         plan_v3(ProblemDims(64), "sm_90", block_m=192, num_warps=12)
 
 
+def test_plan_kv_order():
+    """Separable score_mods (ALiBi, with or without a mask) walk the K/V blocks from the last down; the rest
+    ascend; the option forces either, and the kernel gets it as a constexpr."""
+    sep = build_ir(presets.alibi(presets.alibi_slopes(4), 128))
+    sep_causal = build_ir(presets.alibi(presets.alibi_slopes(4), 128, causal=True))
+    for ir in (sep, sep_causal):
+        p = plan_v3(ir, "sm_90")
+        assert p.kv_descending and p.options["kv_descending"] is True
+        assert any("from the last down (KV_DESCENDING_SEPARABLE" in r for r in p.reasons)
+    for spec in (presets.causal(128), presets.plain(64), presets.softcap(30.0, 128)):
+        assert not plan_v3(build_ir(spec), "sm_90").kv_descending
+    assert plan_v3(build_ir(presets.causal(128)), "sm_90", kv_descending=True).kv_descending
+    assert not plan_v3(sep, "sm_90", kv_descending=False).kv_descending
+    with pytest.raises(PlanError, match="expected kv_descending a bool, got 1"):
+        plan_v3(sep, "sm_90", kv_descending=1)
+    src = ac.compile(presets.alibi(presets.alibi_slopes(4), 128), "v3", target="sm_90", build=False).kernel_source.source
+    assert "static constexpr bool KV_DESCENDING = true;" in src
+
+
 def test_plan_three_consumers():
     """block_m = 192: three consumer warpgroups with 160 registers each, BLOCK_N narrowed to fit them."""
     p = plan_v3(ProblemDims(64), "sm_90", block_m=192)

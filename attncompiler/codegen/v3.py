@@ -55,6 +55,7 @@ class V3Schedule:
             consumer_regs=plan.consumer_regs,
             persistent=plan.persistent,
             exp2_poly=plan.exp2_poly,
+            kv_descending=plan.kv_descending,
             smem_bytes=plan.smem_bytes,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target

@@ -30,7 +30,7 @@ __all__ = [
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
-    "EXP2_POLY_DEFAULT",
+    "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE",
 ]
 
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
@@ -81,13 +81,21 @@ PREFERRED_BLOCK_N_STATIC = {64: 144}
 EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
-V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly")
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending")
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
 #: d = 64 / 128 / 256 (softcap d=128: 4.14 ms at 0, 4.18 at 2/8, 4.43 at 4/8, 4.62 at 5/8), so MUFU
 #: throughput is not what bounds them; the option stays for the autotuner and for other GPUs.
 EXP2_POLY_DEFAULT = 0
+#: the K/V walk's order (plan option ``kv_descending``): ascending by default; from the last block down for a
+#: separable score_mod, whose column term (ALiBi: slope[h] * kv with slopes > 0) is then largest in the first
+#: visited block, so the lazy rescale (v3_consumer.cuh) seldom moves the offset afterwards.  Measured on an H100
+#: (2026-11-22, N = 16k, bf16, medians of 3 interleaved rounds, ascending -> descending, TFLOP/s): ALiBi d64 441
+#: -> 474, d128 584 -> 602, d256 659 -> 755, ALiBi-causal d128 529 -> 555; plain d128 660 -> 653, causal 598 ->
+#: 593, sliding window 435 -> 442 (within noise, so they keep the ascending walk).
+KV_DESCENDING_DEFAULT = False
+KV_DESCENDING_SEPARABLE = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,12 +107,13 @@ class V3Plan(Plan):
     persistent: bool = False
     sm_count: int = 132
     exp2_poly: int = 0
+    kv_descending: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
-                "exp2_poly": self.exp2_poly, "block_m": self.block_m}
+                "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -146,9 +155,12 @@ def _why_preferred(d: int, dv: int, narrow: bool, separable: bool, static: bool 
     return " with dropout or polynomial exponentials" if narrow else ""
 
 
-def _separable_score_mod(ir_or_dims: Any) -> bool:
-    """Whether the IR's score_mod has the separable form (and no mask: masks keep their own widths)."""
-    if getattr(ir_or_dims, "score_expr", None) is None or getattr(ir_or_dims, "mask_expr", None) is not None:
+def _separable_score_mod(ir_or_dims: Any, *, with_mask: bool = False) -> bool:
+    """Whether the IR's score_mod has the separable form (and, unless ``with_mask``, no mask: masks keep
+    their own widths)."""
+    if getattr(ir_or_dims, "score_expr", None) is None:
+        return False
+    if not with_mask and getattr(ir_or_dims, "mask_expr", None) is not None:
         return False
     from ..codegen.hooks import score_form_of  # lazy: codegen imports the planner
 
@@ -166,7 +178,8 @@ def _static_offset(ir_or_dims: Any) -> bool:
 
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
-            persistent: bool | None = None, exp2_poly: int | None = None) -> V3Plan:
+            persistent: bool | None = None, exp2_poly: int | None = None,
+            kv_descending: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -277,6 +290,15 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                        f"did not pay on the H100: EXP2_POLY_DEFAULT)")
     else:
         reasons.append(f"EXP2_POLY = {poly} (forced): {poly}/8 of the softmax exponentials on the FMA pipes")
+    if kv_descending is not None and not isinstance(kv_descending, bool):
+        raise PlanError(f"v3: expected kv_descending a bool, got {kv_descending!r}")
+    sep_any = _separable_score_mod(ir_or_dims, with_mask=True)
+    desc = bool(kv_descending) if kv_descending is not None else (KV_DESCENDING_SEPARABLE if sep_any
+                                                                   else KV_DESCENDING_DEFAULT)
+    why_desc = (" (forced)" if kv_descending is not None else
+                " (KV_DESCENDING_SEPARABLE: a separable score_mod's column term, ALiBi's slope * kv, peaks at the "
+                "last block, so the lazy rescale rarely moves the offset after it)" if sep_any else "")
+    reasons.append(f"K/V blocks visited {'from the last down' if desc else 'in ascending order'}{why_desc}")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")
@@ -286,6 +308,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=consumer_regs,
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
+        kv_descending=desc,
     )
 
 

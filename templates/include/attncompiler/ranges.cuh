@@ -61,4 +61,45 @@ __device__ __forceinline__ int kv_next_block(int j, int j_end, int b, int h, int
   return j;
 }
 
+// The mirror of kv_next_block for a walk from the last block down: the largest block j' <= j and
+// >= j_begin that Tiles::tile_class does not prove EMPTY (j_begin - 1: none), galloping the same way.
+template <int BN, class Tiles = Variant>
+__device__ __forceinline__ int kv_prev_block(int j, int j_begin, int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                             const AttnBuffers& buf) {
+  if constexpr (Variant::kHasMask) {
+    int s = 1;
+    while (j >= j_begin) {
+      const int j_lo = max(j - s + 1, j_begin);
+      const int kv_lo = j_lo * BN;
+      const int kv_hi = min((j + 1) * BN, p.Nk) - 1;
+      if (Tiles::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) == AC_TILE_EMPTY) {
+        j = j_lo - 1;
+        s *= 2;
+      } else if (s == 1) {
+        break;
+      } else {
+        s >>= 1;
+      }
+    }
+  }
+  return j;
+}
+
+// The visited blocks of [j_begin, j_end) in ascending order (kDesc false) or from the last down (true).
+template <int BN, bool kDesc>
+struct KvWalk {
+  int j_begin, j_end;
+  __device__ __forceinline__ int first(int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                       const AttnBuffers& buf) const {
+    return kDesc ? kv_prev_block<BN>(j_end - 1, j_begin, b, h, q_lo, q_hi, p, buf)
+                 : kv_next_block<BN>(j_begin, j_end, b, h, q_lo, q_hi, p, buf);
+  }
+  __device__ __forceinline__ int next(int j, int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                      const AttnBuffers& buf) const {
+    return kDesc ? kv_prev_block<BN>(j - 1, j_begin, b, h, q_lo, q_hi, p, buf)
+                 : kv_next_block<BN>(j + 1, j_end, b, h, q_lo, q_hi, p, buf);
+  }
+  __device__ __forceinline__ bool valid(int j) const { return kDesc ? j >= j_begin : j < j_end; }
+};
+
 }  // namespace ac

@@ -238,9 +238,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         v3_tile<kPersistent>(tile, num_qb, p, q_block, bh);
         const int b = bh / p.H, h = bh % p.H, h_kv = h / (p.H / p.H_kv);
         const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
-        int j_begin, j_end;
-        kv_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
-        j_begin = kv_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+        KvWalk<BN, Cfg::KV_DESCENDING> walk;
+        kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
+        const int j_first = walk.first(b, h, q0, q_hi, p, buf);
         // The first tile's Q went out at the start (thread 0 above); a later tile's Q goes after its
         // K_0 (which only needs a ring slot), so that K_0 is in flight while the previous tile's last
         // S GEMMs finish and free Q.
@@ -254,15 +254,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         // issues S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V.
         int s_prev = 0, j_prev = -1;
         unsigned int phase_prev = 0;
-        if (it > 0 && j_begin >= j_end) load_q();
-        for (int j = j_begin; j < j_end; j = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf), ++i) {
+        if (it > 0 && !walk.valid(j_first)) load_q();
+        for (int j = j_first; walk.valid(j); j = walk.next(j, b, h, q0, q_hi, p, buf), ++i) {
           if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
           const unsigned int sK = sKV0 + s * L::kStageBytes;
           mbar_arrive_expect_tx(full_k(s), L::kKBytes);
 #pragma unroll
           for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
-          if (it > 0 && j == j_begin) load_q();
-          AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_begin);
+          if (it > 0 && j == j_first) load_q();
+          AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_first);
           if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
           j_prev = j;
           s_prev = s;
@@ -309,9 +309,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     v3_tile<kPersistent>(tile, num_qb, p, q_block, bh);
     const int b = bh / p.H, h = bh % p.H;
     const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
-    int j_begin, j_end;
-    kv_block_range<BN>(b, h, q0, q_hi, p, buf, j_begin, j_end);
-    j_begin = kv_next_block<BN>(j_begin, j_end, b, h, q0, q_hi, p, buf);
+    KvWalk<BN, Cfg::KV_DESCENDING> walk;
+    kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
+    const int j_first = walk.first(b, h, q0, q_hi, p, buf);
     const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
     const int wq_hi = min(wq_lo + 63, p.Nq - 1);
     const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
@@ -341,8 +341,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;
 #endif
-    if (j_begin < j_end) {
-      int j = j_begin;
+    if (walk.valid(j_first)) {
+      int j = j_first;
       // Block 0: S_0 only.
       mbar_wait(full_k(s), phase);
       turn_wait();
@@ -352,7 +352,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       turn_grant();
       // The block walk runs while the GEMMs do: off the path from S to the next issue.
       bool masked = needs_mask(j);
-      int j_next = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+      int j_next = walk.next(j, b, h, q0, q_hi, p, buf);
       wgmma_wait<0>();
       reg_fence(st.acc_s);
       AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
@@ -370,7 +370,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         phase ^= 1u;
       }
       j = j_next;
-      while (j < j_end) {
+      while (walk.valid(j)) {
         mbar_wait(full_k(s), phase);
         turn_wait();
         wgmma_fence();
@@ -381,7 +381,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         wgmma_commit();
         turn_grant();
         masked = needs_mask(j);
-        j_next = kv_next_block<BN>(j + 1, j_end, b, h, q0, q_hi, p, buf);
+        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
         wgmma_wait<1>();
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
