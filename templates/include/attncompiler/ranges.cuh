@@ -29,27 +29,27 @@ __device__ __forceinline__ void kv_block_range(int b, int h, int q_lo, int q_hi,
   }
 }
 
-// The first block j' >= j below j_end that Tiles::tile_class does not prove EMPTY (j_end: none).
-// Runs of EMPTY blocks (other documents of a document mask, the gaps of a chunked one) are crossed
-// by galloping: the range [j, j + s) is classified as one tile, s doubles after each EMPTY range
-// and halves, without advancing, at a range that is not; the walk stops at a single block that is
-// not EMPTY. The classifier is sound on any range (an EMPTY range has no visible key, so neither
-// has any block in it), so nothing visible is skipped, and a run of r EMPTY blocks costs O(log r)
-// calls instead of r; a block right after a visited one costs one call, as before. Tiles: a class
+// The next block the walk visits: from j towards j_stop (ascending: the first j' in [j, j_stop); kDesc:
+// the last j' in [j_stop, j]) that Tiles::tile_class does not prove EMPTY; j_stop (ascending) or
+// j_stop - 1 (kDesc) when there is none. Runs of EMPTY blocks (other documents of a document mask, the
+// gaps of a chunked one) are crossed by galloping: s blocks next to j are classified as one range, s
+// doubles after each EMPTY range and halves, without moving, at a range that is not; the walk stops at
+// a single block that is not EMPTY. The classifier is sound on any range (an EMPTY range has no visible
+// key, so neither has any block in it), so nothing visible is skipped, and a run of r EMPTY blocks
+// costs O(log r) calls instead of r; a block right next to a visited one costs one call. Tiles: a class
 // with a static tile_class of Variant's signature, given (b, h, q_lo, q_hi) as they are -- Variant
 // itself, or decode's union over a CTA's heads (DecodeTiles, whose three ints are first head, row,
 // rows).
-template <int BN, class Tiles = Variant>
-__device__ __forceinline__ int kv_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi, const AttnParams& p,
+template <int BN, bool kDesc, class Tiles = Variant>
+__device__ __forceinline__ int kv_walk_block(int j, int j_stop, int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                              const AttnBuffers& buf) {
   if constexpr (Variant::kHasMask) {
     int s = 1;
-    while (j < j_end) {
-      const int j_hi = min(j + s, j_end);
-      const int kv_lo = j * BN;
-      const int kv_hi = min(j_hi * BN, p.Nk) - 1;
-      if (Tiles::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) == AC_TILE_EMPTY) {
-        j = j_hi;
+    while (kDesc ? j >= j_stop : j < j_stop) {
+      const int first = kDesc ? max(j - s + 1, j_stop) : j;  // the range [first, past)
+      const int past = kDesc ? j + 1 : min(j + s, j_stop);
+      if (Tiles::tile_class(b, h, q_lo, q_hi, first * BN, min(past * BN, p.Nk) - 1, p, buf) == AC_TILE_EMPTY) {
+        j = kDesc ? first - 1 : past;
         s *= 2;
       } else if (s == 1) {
         break;
@@ -61,28 +61,18 @@ __device__ __forceinline__ int kv_next_block(int j, int j_end, int b, int h, int
   return j;
 }
 
-// The mirror of kv_next_block for a walk from the last block down: the largest block j' <= j and
-// >= j_begin that Tiles::tile_class does not prove EMPTY (j_begin - 1: none), galloping the same way.
+// The first block j' >= j below j_end that Tiles::tile_class does not prove EMPTY (j_end: none).
+template <int BN, class Tiles = Variant>
+__device__ __forceinline__ int kv_next_block(int j, int j_end, int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                             const AttnBuffers& buf) {
+  return kv_walk_block<BN, false, Tiles>(j, j_end, b, h, q_lo, q_hi, p, buf);
+}
+
+// The last block j' <= j, >= j_begin, that Tiles::tile_class does not prove EMPTY (j_begin - 1: none).
 template <int BN, class Tiles = Variant>
 __device__ __forceinline__ int kv_prev_block(int j, int j_begin, int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                              const AttnBuffers& buf) {
-  if constexpr (Variant::kHasMask) {
-    int s = 1;
-    while (j >= j_begin) {
-      const int j_lo = max(j - s + 1, j_begin);
-      const int kv_lo = j_lo * BN;
-      const int kv_hi = min((j + 1) * BN, p.Nk) - 1;
-      if (Tiles::tile_class(b, h, q_lo, q_hi, kv_lo, kv_hi, p, buf) == AC_TILE_EMPTY) {
-        j = j_lo - 1;
-        s *= 2;
-      } else if (s == 1) {
-        break;
-      } else {
-        s >>= 1;
-      }
-    }
-  }
-  return j;
+  return kv_walk_block<BN, true, Tiles>(j, j_begin, b, h, q_lo, q_hi, p, buf);
 }
 
 // The visited blocks of [j_begin, j_end) in ascending order (kDesc false) or from the last down (true).
