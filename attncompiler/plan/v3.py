@@ -348,7 +348,7 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
 
 
 def format_candidates_v3(ir_or_dims: Any, target: Target | str | None) -> str:
-    """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_N, stages, grid, smem."""
+    """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_M, BLOCK_N, stages, grid, smem."""
     t = resolve_target(target)
     rows = [("rank", "BLOCK_M", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)")]
     for i, o in enumerate(candidates_v3(ir_or_dims, t), 1):

@@ -53,10 +53,11 @@ struct V3Consumer {
   static constexpr int NS = L::NS, NO = L::NO, BN = L::BN;
   static constexpr bool kStatic = Variant::kStaticMax;  // a fixed softmax offset per row (ir/scorerange.py)
   // Lazy rescaling: log2 units a block's row maximum may exceed the running offset before the offset
-  // (and O, l) move. P then stays <= 2^8, exact in fp32 and bf16 / fp16 alike, and l <= 2^8 Nk.
-  // Measured on an H100 (2026-11-22, N = 16k, 3 interleaved rounds, TFLOP/s, eager -> lazy): plain
-  // d256 700 -> 752, d128 653 -> 664, causal d128 599 -> 615, plain d64 509 -> 515; ALiBi unchanged
-  // (its row maximum grows with the key position, so its offset moves at nearly every block).
+  // (and O, l) move. P then stays <= 2^8 (in range for fp32, bf16 and fp16; rounded to 16 bits as any
+  // P) and l <= 2^8 Nk. Measured on an H100 (2026-11-22, N = 16k, 3 interleaved rounds, TFLOP/s,
+  // eager -> lazy): plain d256 700 -> 752, d128 653 -> 664, causal d128 599 -> 615, plain d64 509 ->
+  // 515; ALiBi unchanged with the ascending walk (its row maximum grows with the key position), hence
+  // its descending walk (KvWalk, plan/v3.py KV_DESCENDING_SEPARABLE).
   static constexpr float kRescaleSlack = 8.f;
 
   float acc_o[NO];
