@@ -227,6 +227,8 @@ SCORE_FORMS = {
     "linear_head": lambda s, b, h, q, kv: 0.5 * s + (h + 1) * 0.01 * kv - 0.02 * q,
     # separable, non-linear column term (a key bias read from a buffer)
     "key_buffer": (lambda kb: lambda s, b, h, q, kv: s + kb[kv])(_key_bias()),
+    # separable with a negative coefficient: the column term stays out of the S accumulator (kSepInAcc off)
+    "negative_coef": lambda s, b, h, q, kv: 0.02 * kv - 0.5 * s,
     # separable, row term only (drops out of the softmax, stays in the LSE)
     "row_only": lambda s, b, h, q, kv: s + 0.001 * q * q,
     # a positive constant factor folded into exp2's multiply-add

@@ -18,6 +18,7 @@ from attncompiler.spec.symbols import B, H, KV_IDX, Q_IDX
 
 SLOPES = presets.alibi_slopes(4)
 KEY_BIAS = torch.linspace(-1.0, 1.0, 64)
+HEAD_SCALE = torch.linspace(-1.0, 1.0, 4)
 
 MODS = {
     "alibi": (presets.alibi_score_mod(SLOPES), "linear"),
@@ -92,6 +93,20 @@ def test_alibi_hooks_use_integer_distances():
     assert "const int ac_dkv = kv_idx - q_ref;" in text and "const int ac_dq = q_ref - q_idx;" in text
     assert "score_sep_coef(int b, int h, const AttnParams& p, const AttnBuffers& buf) { return 1.442695f * p.scale; }" \
         in text
+
+
+@pytest.mark.parametrize("mod, positive", [
+    (lambda s, b, h, q, kv: s + 0.03 * (kv - q), True),           # ALiBi-like: coef = log2(e) * scale
+    (lambda s, b, h, q, kv: 0.5 * s + KEY_BIAS[kv], True),        # non-linear column term
+    (lambda s, b, h, q, kv: 0.02 * kv - 0.5 * s, False),          # negative coefficient
+    (lambda s, b, h, q, kv: s * HEAD_SCALE[h] + 0.01 * kv, False),  # a buffer's sign sympy cannot prove
+    (lambda s, b, h, q, kv: 3.0 * torch.tanh(s / 3.0), False),     # not separable
+])
+def test_separable_coef_sign_hook(mod, positive):
+    """kScoreSepCoefPositive (the v3 forward then starts the S GEMM from col / coef) only where sympy
+    proves the score's coefficient positive for every input."""
+    text = hooks.render_prelude(build_ir(ac.AttentionSpec(head_dim=64, score_mod=mod, name="m")))
+    assert f"kScoreSepCoefPositive = {'true' if positive else 'false'}" in text
 
 
 def test_softcap_factor_hook():

@@ -116,6 +116,8 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
         "  // kScoreSepLinear: col = slope * (kv_idx - q_ref)",
         f"  static constexpr bool kScoreSeparable = {_bool(sep)};",
         f"  static constexpr bool kScoreSepLinear = {_bool(linear)};",
+        "  // coef > 0 for every input (sympy, with p.scale > 0): the v3 forward may start the S GEMM from col / coef",
+        f"  static constexpr bool kScoreSepCoefPositive = {_bool(sep and bool(form.coef.is_positive))};",
         f"  static __device__ __forceinline__ float score_sep_coef({args}, {_HOOK_ARGS}) {{ return {coef}; }}",
         f"  static __device__ __forceinline__ float score_sep_slope({args}, {_HOOK_ARGS}) {{ return {slope}; }}",
         f"  static __device__ __forceinline__ float score_sep_col({args}, int kv_idx, int q_ref, {_HOOK_ARGS}) {{",

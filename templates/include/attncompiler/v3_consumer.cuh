@@ -59,6 +59,13 @@ struct V3Consumer {
   // 515; ALiBi unchanged with the ascending walk (its row maximum grows with the key position), hence
   // its descending walk (KvWalk, plan/v3.py KV_DESCENDING_SEPARABLE).
   static constexpr float kRescaleSlack = 8.f;
+  // A separable score_mod whose coefficient is positive (ALiBi: coef = log2(e) * scale) enters the S
+  // GEMM: the accumulator starts at col / coef instead of 0, so acc = s + col / coef and x = coef * acc.
+  // The softmax then runs plain's per-score code (max, one multiply-add into exp2 with coef as its
+  // scale): one multiply-add per score less, and one dependent step less before the row maximum; the
+  // start value costs one register move per score, issued before the GEMM.
+  static constexpr bool kSepInAcc =
+      Variant::kHasScoreMod && Variant::kScoreSeparable && Variant::kScoreSepCoefPositive;
 
   float acc_o[NO];
   float acc_s[NS];
@@ -78,7 +85,8 @@ struct V3Consumer {
 #pragma unroll
     for (int kk = 0; kk < L::D / 16; ++kk) {
       const unsigned int box = kk / 4, off = (kk % 4) * 32;
-      wgmma_qk(acc_s, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + off) >> 4), kk > 0 ? 1 : 0);
+      wgmma_qk(acc_s, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + off) >> 4),
+               (kk > 0 || kSepInAcc) ? 1 : 0);
     }
     reg_fence(acc_s);
   }
@@ -93,8 +101,52 @@ struct V3Consumer {
   }
 
   // The score_mod's separable form (Variant::kScoreSeparable, ir/scoreform.py): x = coef * s + col,
-  // col = slope * (kv - q_ref) (linear) or score_sep_col; q_ref = this warp's first row. Set per tile.
-  float sep_coef, sep_slope;
+  // col = slope * (kv - q_ref) (linear) or score_sep_col; q_ref = this warp's first row. Set per tile
+  // (set_score_mod); with kSepInAcc also 1 / coef and slope / coef.
+  float sep_coef, sep_slope, sep_inv_coef, sep_slope_acc;
+
+  // The score_mod's per-tile constants (separable forms).
+  __device__ __forceinline__ void set_score_mod(int b, int h, const AttnParams& p, const AttnBuffers& buf) {
+    if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
+      sep_coef = Variant::score_sep_coef(b, h, p, buf);
+      sep_slope = Variant::score_sep_slope(b, h, p, buf);
+      if constexpr (kSepInAcc) {
+        sep_inv_coef = 1.f / sep_coef;
+        sep_slope_acc = sep_slope * sep_inv_coef;
+      }
+    }
+  }
+
+  // kSepInAcc: S's start value for the K/V block at kv0, col / coef per column (both rows of a pair).
+  __device__ __forceinline__ void init_s(int kv0, int row0, int b, int h, const AttnParams& p, const AttnBuffers& buf) {
+    if constexpr (kSepInAcc) {
+      const int t = threadIdx.x & 3;
+      const float c0 = Variant::kScoreSepLinear ? sep_slope_acc * __int2float_rn(kv0 + 2 * t - row0) : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float c;
+          if constexpr (Variant::kScoreSepLinear) {
+            c = fmaf(sep_slope_acc, float(nt * 8 + e), c0);
+          } else {
+            c = Variant::score_sep_col(b, h, kv0 + nt * 8 + 2 * t + e, row0, p, buf) * sep_inv_coef;
+          }
+          acc_s[4 * nt + e] = c;
+          acc_s[4 * nt + 2 + e] = c;
+        }
+      }
+    }
+  }
+
+  // exp2's multiplier of the softmax input for this tile: coef with kSepInAcc, else the kernel's.
+  __device__ __forceinline__ float tile_exp_scale(float exp_scale) const {
+    if constexpr (kSepInAcc) {
+      return sep_coef;
+    } else {
+      return exp_scale;
+    }
+  }
 
   // One of this thread's exponentials: exp2(a * b - m), on MUFU or, for the first EXP2_POLY of every
   // 8 n8 tiles, on the FMA pipes (mma.cuh, ac_exp2_poly).
@@ -126,7 +178,7 @@ struct V3Consumer {
                                           const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
-    constexpr bool kSep = Variant::kHasScoreMod && Variant::kScoreSeparable;
+    constexpr bool kSep = Variant::kHasScoreMod && Variant::kScoreSeparable && !kSepInAcc;  // else in acc
     // column term of this thread's first column (kv0 + 2t); the others add slope * (8 nt + e)
     const float col0 = kSep && Variant::kScoreSepLinear ? sep_slope * __int2float_rn(kv0 + 2 * t - row0) : 0.f;
 #pragma unroll
@@ -148,7 +200,7 @@ struct V3Consumer {
           float x = acc_s[4 * nt + 2 * hf + e];
           if constexpr (kSep) {
             x = fmaf(x, sep_coef, col);
-          } else if constexpr (Variant::kHasScoreMod) {
+          } else if constexpr (Variant::kHasScoreMod && !kSepInAcc) {
             x = Variant::score_mod_log2_inner(x, b, h, q_idx, kv_idx, p, buf);
           }
           acc_s[4 * nt + 2 * hf + e] = x;

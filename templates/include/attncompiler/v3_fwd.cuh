@@ -283,7 +283,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const int wg = (threadIdx.x >> 7) - 1;
   const int warp_wg = warp & 3;
   // exp2's multiplier of the softmax input: log2e * scale (plain), the score_mod's positive factor, or
-  // 1 (separable: x = coef * s + col already is log2e * score_mod up to the row term)
+  // 1 (separable: x = coef * s + col already is log2e * score_mod up to the row term; with the column
+  // term in the S accumulator, kSepInAcc, coef per tile: V3Consumer::tile_exp_scale)
   const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
                           : (Variant::kScoreSeparable ? 1.f : Variant::kScoreLog2Factor);
   constexpr bool kPingPong = (NC >= 2);
@@ -320,10 +321,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
     st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
     st.row_sum[0] = st.row_sum[1] = 0.f;
-    if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
-      st.sep_coef = Variant::score_sep_coef(b, h, p, buf);
-      st.sep_slope = Variant::score_sep_slope(b, h, p, buf);
-    }
+    st.set_score_mod(b, h, p, buf);
+    const float tile_exp_scale = st.tile_exp_scale(exp_scale);
 
     // Whether block j needs the masked softmax for this warpgroup's rows.
     auto needs_mask = [&](int j) -> bool {
@@ -344,6 +343,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     if (walk.valid(j_first)) {
       int j = j_first;
       // Block 0: S_0 only.
+      st.init_s(j * BN, row0, b, h, p, buf);
       mbar_wait(full_k(s), phase);
       turn_wait();
       wgmma_fence();
@@ -359,7 +359,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_arrive(empty_k(s));
       {
         float alpha[2];
-        st.template softmax_dispatch<true>(masked, j * BN, row0, exp_scale, b, h, p, buf, alpha);
+        st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
         st.convert_p(j * BN, row0, b, h, p);
       }
       AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
@@ -371,6 +371,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
       j = j_next;
       while (walk.valid(j)) {
+        st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
         turn_wait();
         wgmma_fence();
@@ -386,7 +387,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
-        st.softmax_dispatch(masked, j * BN, row0, exp_scale, b, h, p, buf, alpha);
+        st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
         wgmma_wait<0>();
         reg_fence(st.acc_o);
         reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
