@@ -192,9 +192,11 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         raise PlanError(f"v3: expected block_m in {bms} (64 rows per consumer warpgroup x "
                         f"{' or '.join(map(str, CONSUMER_REGS_BY_WGS))}), got {block_m}")
     static = _static_offset(ir_or_dims)
+    sep_any = _separable_score_mod(ir_or_dims, with_mask=True)  # a separable score_mod (ALiBi), masked or not
+    separable = sep_any and getattr(ir_or_dims, "mask_expr", None) is None  # masks keep their own tile widths
     # no mask, no dropout, no score_mod beyond a separable one (ALiBi), no polynomial exponentials
     plain_softmax = (getattr(ir_or_dims, "mask_expr", None) is None and getattr(ir_or_dims, "dropout_p", 0.0) == 0.0
-                     and (getattr(ir_or_dims, "score_expr", None) is None or _separable_score_mod(ir_or_dims))
+                     and (getattr(ir_or_dims, "score_expr", None) is None or separable)
                      and not static and not exp2_poly)
     if block_m is None and num_warps is not None and num_warps % 4 == 0 and num_warps // 4 - 1 in CONSUMER_REGS_BY_WGS:
         block_m = WGMMA_M * (num_warps // 4 - 1)  # the warps name the consumer warpgroups
@@ -229,7 +231,6 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout or the polynomial exponentials: at most PREFERRED_BLOCK_N_DROPOUT (d=64 BN=192 spills)
     narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0
-    separable = _separable_score_mod(ir_or_dims)
     pref = _preferred(d, dv, narrow, separable, static)
     limit = t.max_smem_per_block_optin
     rejected: list[str] = []
@@ -292,7 +293,6 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         reasons.append(f"EXP2_POLY = {poly} (forced): {poly}/8 of the softmax exponentials on the FMA pipes")
     if kv_descending is not None and not isinstance(kv_descending, bool):
         raise PlanError(f"v3: expected kv_descending a bool, got {kv_descending!r}")
-    sep_any = _separable_score_mod(ir_or_dims, with_mask=True)
     desc = bool(kv_descending) if kv_descending is not None else (KV_DESCENDING_SEPARABLE if sep_any
                                                                    else KV_DESCENDING_DEFAULT)
     why_desc = (" (forced)" if kv_descending is not None else

@@ -171,7 +171,7 @@ struct V2Cta {
         if constexpr (Variant::kStaticMax) {
           // the first tile's maximum clamped into the window where exp2(E - m) stays in range for every
           // later score (a row with no visible key yet takes the low end): the row's fixed offset
-          const float m_fix = fminf(fmaxf(m * exp_scale, Variant::kStaticMaxLo), Variant::kStaticMaxHi);
+          const float m_fix = Variant::static_offset(m * exp_scale);
           m_ref[mt][hf] = m_fix;
           alpha[mt][hf] = 1.f;
           row_max[mt][hf] = m_fix;

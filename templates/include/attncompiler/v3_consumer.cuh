@@ -259,7 +259,7 @@ struct V3Consumer {
         // The first block: its row maximum, clamped into the window where exp2(E - m) stays in range
         // for every later score, fixes the row's offset (a row without a visible key here takes the
         // window's low end). A row whose keys all lie in this block keeps P = 1 for its largest score.
-        m_ref = fminf(fmaxf(m * exp_scale, Variant::kStaticMaxLo), Variant::kStaticMaxHi);
+        m_ref = Variant::static_offset(m * exp_scale);
         alpha[hf] = 1.f;
         row_max[hf] = m_ref;
       } else {
