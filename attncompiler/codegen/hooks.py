@@ -133,7 +133,9 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
         f"  static constexpr float kStaticMaxLo = {repr(float(static[0] if static else 0.0))}f;",
         f"  static constexpr float kStaticMaxHi = {repr(float(static[1] if static else 0.0))}f;",
         "  // a row's fixed offset from its first block's maximum m (log2 units; -inf for a row with no visible key)",
-        "  static __device__ __forceinline__ float static_offset(float m) { return fminf(fmaxf(m, kStaticMaxLo), kStaticMaxHi); }",
+        "  static __device__ __forceinline__ float static_offset(float m) {",
+        "    return fminf(fmaxf(m, kStaticMaxLo), kStaticMaxHi);",
+        "  }",
     ]
 
 
