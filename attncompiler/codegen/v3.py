@@ -15,7 +15,7 @@ import torch
 
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
-from ..plan.v3 import V3Plan, plan_v3
+from ..plan.v3 import SCORE_SKIP_MIN_BLOCKS, V3Plan, plan_v3
 from ..runtime.launch import AttnInputs
 from .hooks import render_prelude
 from .render import render_source
@@ -56,6 +56,7 @@ class V3Schedule:
             persistent=plan.persistent,
             exp2_poly=plan.exp2_poly,
             kv_descending=plan.kv_descending,
+            score_skip=plan.score_skip,
             smem_bytes=plan.smem_bytes,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target
@@ -72,6 +73,19 @@ class V3Schedule:
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0
+
+    def prepare_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor) -> torch.Tensor | None:
+        """Score-skip plans over at least SCORE_SKIP_MIN_BLOCKS K/V blocks: the per-call bound on |q . k|
+        (:mod:`attncompiler.runtime.scoreskip`) into ``params.score_bound``.  Returns the tensor (keep it
+        until the launch is queued) or None."""
+        if not ks.plan.score_skip or dims.Nk < SCORE_SKIP_MIN_BLOCKS * ks.plan.block_n:
+            return None
+        from ..runtime.scoreskip import score_bound
+
+        bound = score_bound(q, k, v)
+        params.score_bound = bound.data_ptr()
+        return bound
 
     def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
                        device: torch.device) -> None:

@@ -31,7 +31,8 @@ __all__ = [
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
-    "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE",
+    "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE", "SCORE_SKIP_MIN_BLOCKS",
+    "TILE_WORD_BYTES",
 ]
 
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
@@ -52,6 +53,7 @@ PREFERRED_BLOCK_M = {64: 192}
 SWIZZLE_BYTES = 128          # TMA SWIZZLE_128B: inner box dim <= 128 bytes = 64 16-bit elements
 SMEM_ALIGN_SLACK = 1024      # the 128-byte swizzle needs 1024-byte aligned tiles; dynamic smem is 16
 MBARRIER_BYTES = 8
+TILE_WORD_BYTES = 8          # after the mbarriers: the walk's first block, producer -> consumers (score skip)
 REG_OVERHEAD_V3 = 40         # indices, row statistics, descriptors, loop state (estimate)
 MIN_STAGES = 2               # at least double-buffered K/V: the next block's copies land under this one's GEMMs
 MAX_STAGES = 4               # deepest ring searched (more stages: more smem, more latency hidden)
@@ -82,7 +84,7 @@ PREFERRED_BLOCK_N_STATIC = {64: 144}
 EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
-V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending")
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip")
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -97,6 +99,13 @@ EXP2_POLY_DEFAULT = 0
 #: 593, sliding window 435 -> 442 (within noise, so they keep the ascending walk).
 KV_DESCENDING_DEFAULT = False
 KV_DESCENDING_SEPARABLE = True
+#: The score skip (plan option ``score_skip``; v3_fwd.cuh ``v3_skip_begin``, runtime/scoreskip.py): with a separable
+#: score_mod whose column term is linear in kv (ALiBi: ``slope[h] * kv``) and the descending walk, a K/V block whose
+#: column term alone puts every score more than 2^136 below the row's offset has P = 0 exactly, and each tile starts
+#: its walk above such blocks.  It needs a bound on ``|q . k|``, from one norm pass over q and k (and a max over v,
+#: so that non-finite values still propagate) per call: taken when Nk spans at least this many K/V blocks, below
+#: which there is little to skip beside the passes' own launches.
+SCORE_SKIP_MIN_BLOCKS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,12 +118,14 @@ class V3Plan(Plan):
     sm_count: int = 132
     exp2_poly: int = 0
     kv_descending: bool = False
+    score_skip: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
-                "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending}
+                "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
+                "score_skip": self.score_skip}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -126,9 +137,10 @@ class V3Plan(Plan):
 
 
 def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2) -> int:
-    """Q tile + STAGES x (K + V) tiles + mbarriers + the 1024-byte alignment slack (as V3Layout)."""
+    """Q tile + STAGES x (K + V) tiles + mbarriers + the tile word + the 1024-byte alignment slack (as V3Layout)."""
     n_bars = 2 + 4 * stages
-    return SMEM_ALIGN_SLACK + eb * (block_m * d + stages * block_n * (d + dv)) + MBARRIER_BYTES * n_bars
+    return (SMEM_ALIGN_SLACK + eb * (block_m * d + stages * block_n * (d + dv)) + MBARRIER_BYTES * n_bars
+            + TILE_WORD_BYTES)
 
 
 def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
@@ -168,6 +180,16 @@ def _separable_score_mod(ir_or_dims: Any, *, with_mask: bool = False) -> bool:
     return score_form_of(ir_or_dims).separable
 
 
+def _linear_separable(ir_or_dims: Any) -> bool:
+    """Whether the IR's score_mod is separable with a column term linear in kv (ALiBi), masked or not."""
+    if getattr(ir_or_dims, "score_expr", None) is None:
+        return False
+    from ..codegen.hooks import score_form_of  # lazy: codegen imports the planner
+
+    form = score_form_of(ir_or_dims)
+    return form.separable and form.col_slope is not None
+
+
 def _static_offset(ir_or_dims: Any) -> bool:
     """Whether the IR's score_mod is bounded enough for a fixed softmax offset (ir/scorerange.py)."""
     if getattr(ir_or_dims, "score_expr", None) is None:
@@ -180,7 +202,7 @@ def _static_offset(ir_or_dims: Any) -> bool:
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
             persistent: bool | None = None, exp2_poly: int | None = None,
-            kv_descending: bool | None = None) -> V3Plan:
+            kv_descending: bool | None = None, score_skip: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -273,7 +295,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
         f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)",
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{d} + {st}*{bn}*({d}+{dv})) + {MBARRIER_BYTES}*"
-        f"{2 + 4 * st} (mbarriers) = {smem} B <= {limit} B",
+        f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
                             f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
@@ -300,6 +322,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                 " (KV_DESCENDING_SEPARABLE: a separable score_mod's column term, ALiBi's slope * kv, peaks at the "
                 "last block, so the lazy rescale rarely moves the offset after it)" if sep_any else "")
     reasons.append(f"K/V blocks visited {'from the last down' if desc else 'in ascending order'}{why_desc}")
+    skip, why_skip = _score_skip(ir_or_dims, desc, static, score_skip)
+    reasons.append(why_skip)
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")
@@ -309,8 +333,28 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=consumer_regs,
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
-        kv_descending=desc,
+        kv_descending=desc, score_skip=skip,
     )
+
+
+def _score_skip(ir_or_dims: Any, desc: bool, static: bool, forced: bool | None) -> tuple[bool, str]:
+    """The score skip's setting and its reason line (raises PlanError when forced on where it cannot run)."""
+    if forced is not None and not isinstance(forced, bool):
+        raise PlanError(f"v3: expected score_skip a bool, got {forced!r}")
+    linear = _linear_separable(ir_or_dims) and not static
+    why_not = ("no separable score_mod with a column term linear in kv" if not linear else
+               "the K/V walk is ascending (the skip needs the largest column term visited first)" if not desc else "")
+    if forced and why_not:
+        raise PlanError(f"v3: score_skip=True needs a separable score_mod with a linear column term (ALiBi) and "
+                        f"kv_descending, got {why_not}")
+    if forced is False:
+        return False, "score skip: off (forced)"
+    if why_not:
+        return False, f"score skip: off ({why_not})"
+    return True, (f"score skip: on when Nk >= {SCORE_SKIP_MIN_BLOCKS} K/V blocks (SCORE_SKIP_MIN_BLOCKS): each tile "
+                  f"starts its walk above the blocks whose column term alone puts every P below 2^-136 of the "
+                  f"row's offset (exactly 0: bit-identical results), bounded per call from the largest row norms "
+                  f"of q and k")
 
 
 

@@ -30,7 +30,8 @@ struct V3Layout {
   static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
   static constexpr int kNumBars = 2 + 4 * STAGES;
   static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
-  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
+  static constexpr int kTileWordBytes = 8;           // after the barriers: the walk's first block (SCORE_SKIP)
+  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars + kTileWordBytes;
   static constexpr int NS = BN / 2;                   // S accumulator floats per thread
   static constexpr int NO = DV / 2;                   // O accumulator floats per thread
   static constexpr int KT_PV = BN / 16;               // k16 steps of P V

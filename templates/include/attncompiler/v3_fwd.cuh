@@ -26,7 +26,7 @@
 // Shared memory (from a 1024-byte aligned base; 128-byte swizzle, so every tile is made of
 // 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
 //   Q: D/64 boxes of BLOCK_M rows | per stage: K (D/64 boxes of BLOCK_N rows), V (DV/64 boxes) |
-//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free.
+//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free | the tile word.
 // wgmma operands: Q and K are K-major (the head dim is contiguous; descriptor SBO = 1024 between
 // 8-row groups, a k16 step advances the start address 32 bytes inside the 128-byte row); V is
 // MN-major for O += P V (transposed B: LBO = BLOCK_N*128 between 64-column boxes, SBO = 1024
@@ -35,7 +35,8 @@
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
 // BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
-// tiles of S, how many take their exponentials on the FMA pipes: 0..8).
+// tiles of S, how many take their exponentials on the FMA pipes: 0..8), KV_DESCENDING (the walk's
+// order) and SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -62,6 +63,52 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
     q_block = gridDim.x - 1 - blockIdx.x;
     bh = blockIdx.y;
   }
+}
+
+// K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/v3.py; the bound: runtime/scoreskip.py).
+// A separable score_mod with a linear column term (ALiBi) feeds the softmax, in log2 units,
+//   x(q, kv) = coef * s + slope * kv + R(q)          (s = q . k, the raw dot product),
+// and |s| <= S = p.score_bound[b * H + h], a bound from the largest row norms of q and k taken per call.
+// kv_ref is a key every row of the tile sees: Nk - 1 without a mask; with one, the first key of the
+// highest of the top kSkipRefSearch blocks that tile_class proves FULL for the tile's rows. With
+// slope > 0 the descending walk visits kv_ref's block before every lower one, and the lazy rescale
+// keeps each row's offset m within kRescaleSlack of the largest x seen, so m >= x(q, kv_ref) -
+// kRescaleSlack >= slope kv_ref - |coef| S + R(q) - kRescaleSlack. A key with
+//   slope (kv_ref - kv) >= 2 |coef| S + kRescaleSlack + kUnderflowLog2
+// then has x - m <= -kUnderflowLog2 in every row: exp2 returns exactly 0 for it (ex2.approx.ftz flushes
+// results below 2^-126, ac_exp2_poly clamps at -127), so O, l and the LSE are bit-identical without its
+// block, and the walk starts above it. A NaN or infinite bound (non-finite q, k or v), slope <= 0 or no
+// FULL block skips nothing. Returns the walk's first block, in [j_begin, the reference block].
+constexpr float kUnderflowLog2 = 136.f;  // exp2's flush at 2^-127, plus 9 for the fp32 rounding of x and m
+constexpr int kSkipRefSearch = 4;         // top blocks searched for a FULL one (the diagonal's, with a mask)
+template <class Cfg>
+__device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                             const AttnBuffers& buf, int j_begin, int j_end) {
+  static_assert(!Cfg::SCORE_SKIP || (Cfg::KV_DESCENDING && Variant::kHasScoreMod && Variant::kScoreSeparable &&
+                                     Variant::kScoreSepLinear && !Variant::kStaticMax),
+                "the score skip needs a separable score_mod with a linear column term and the descending walk");
+  constexpr int BN = Cfg::BLOCK_N;
+  if (p.score_bound == nullptr || j_end - j_begin < 2) return j_begin;
+  const float slope = Variant::score_sep_slope(b, h, p, buf);
+  if (!(slope > 0.f)) return j_begin;
+  int j_ref = j_end - 1, kv_ref = p.Nk - 1;
+  if constexpr (Variant::kHasMask) {
+    j_ref = -1;
+    for (int j = j_end - 1; j >= j_begin && j >= j_end - kSkipRefSearch; --j) {
+      if (Variant::tile_class(b, h, q_lo, q_hi, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf) == AC_TILE_FULL) {
+        j_ref = j;
+        break;
+      }
+    }
+    if (j_ref < 0) return j_begin;
+    kv_ref = j_ref * BN;
+  }
+  const float coef = fabsf(Variant::score_sep_coef(b, h, p, buf));
+  const float need = 2.f * coef * p.score_bound[b * p.H + h] + (V3Consumer<Cfg>::kRescaleSlack + kUnderflowLog2);
+  const float dist = need / slope;  // keys below kv_ref - dist underflow
+  if (!(dist < 1.0e9f)) return j_begin;
+  const int keep = kv_ref - __float2int_ru(dist) + 1;  // keys < keep are skipped: blocks below keep / BN
+  return keep > 0 ? min(max(j_begin, keep / BN), j_ref) : j_begin;
 }
 
 // The epilogue of one consumer warpgroup: O / l to global memory, and the LSE.
@@ -169,6 +216,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const unsigned int bars = base + L::kBarOffset;
   const unsigned int barQ = bars;                           // Q landed (phase = tile count & 1)
   const unsigned int barQfree = bars + 8u * (1 + 4 * STAGES);  // consumers done with Q's S GEMMs
+  // the tile word (SCORE_SKIP): the walk's first block of the current tile, written by the producer
+  // before its arrival on barQ, read by the consumers after their wait on it
+  const unsigned int sTileWord = bars + 8u * L::kNumBars;
   auto full_k = [&](int s) { return bars + 8u * (1 + s); };
   auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
   auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
@@ -207,7 +257,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       int q_block, bh;
       v3_tile<kPersistent>(tile0, num_qb, p, q_block, bh);
       const int b = bh / p.H, h = bh % p.H;
-      mbar_arrive_expect_tx(barQ, L::kQBytes);
+      // SCORE_SKIP: the arrival comes later, with the tile word (the producer's publish_walk)
+      if constexpr (Cfg::SCORE_SKIP) {
+        mbar_expect_tx(barQ, L::kQBytes);
+      } else {
+        mbar_arrive_expect_tx(barQ, L::kQBytes);
+      }
 #pragma unroll
       for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q_block * BM, h, b, barQ);
     }
@@ -246,22 +301,42 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         // S GEMMs finish and free Q.
         auto load_q = [&]() {
           mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
-          mbar_arrive_expect_tx(barQ, L::kQBytes);
+          if constexpr (Cfg::SCORE_SKIP) {
+            mbar_expect_tx(barQ, L::kQBytes);  // arrival: publish_walk
+          } else {
+            mbar_arrive_expect_tx(barQ, L::kQBytes);
+          }
 #pragma unroll
           for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
+        };
+        // SCORE_SKIP: the walk's first block (v3_skip_begin; its global load runs while the first
+        // copies fly) goes to the tile word, and this thread's arrival on barQ releases it with Q, so
+        // the consumers walk exactly the blocks copied here. The first block never moves.
+        auto publish_walk = [&]() {
+          if constexpr (Cfg::SCORE_SKIP) {
+            walk.j_begin = v3_skip_begin<Cfg>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(sTileWord), "r"(walk.j_begin) : "memory");
+            mbar_arrive(barQ);
+          }
         };
         // Copies in the order the consumers use them: K_0, then K_i before V_{i-1} (iteration i
         // issues S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V.
         int s_prev = 0, j_prev = -1;
         unsigned int phase_prev = 0;
-        if (it > 0 && !walk.valid(j_first)) load_q();
+        if (!walk.valid(j_first)) {
+          if (it > 0) load_q();
+          publish_walk();
+        }
         for (int j = j_first; walk.valid(j); j = walk.next(j, b, h, q0, q_hi, p, buf), ++i) {
           if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
           const unsigned int sK = sKV0 + s * L::kStageBytes;
           mbar_arrive_expect_tx(full_k(s), L::kKBytes);
 #pragma unroll
           for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
-          if (it > 0 && j == j_first) load_q();
+          if (j == j_first) {
+            if (it > 0) load_q();
+            publish_walk();
+          }
           AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_first);
           if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
           j_prev = j;
@@ -336,6 +411,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     };
 
     mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
+    if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
+    }
     AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;

@@ -1,0 +1,184 @@
+"""GPU (sm_90 only): the v3 score skip (plan option ``score_skip``; ``v3_skip_begin`` in
+templates/include/attncompiler/v3_fwd.cuh, the per-call bound in attncompiler/runtime/scoreskip.py).
+
+The skipped K/V blocks are those whose every P is exactly 0, so a kernel with the skip must give O and
+LSE bit-identical to the same plan without it. The tests use ALiBi slopes from steep (1.0: a row's
+weight halves every ~0.7 keys) to flat (2^-8: nothing to skip), check that the steep heads really visit
+fewer blocks (the traced build counts them), that both kernels pass the float64 reference, and that
+NaN in v still reaches the output as without the skip.
+
+Run on an H100 / H200 with ``python3 -m pytest -m gpu tests/test_gpu_scoreskip.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.spec import presets
+from attncompiler.testing import check_kernel
+
+pytestmark = pytest.mark.gpu
+
+SLOPES = (1.0, 0.25, 2.0**-5, 2.0**-8)  # H = 4: the first heads skip most blocks, the last none
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
+
+
+def _spec(kind: str, d: int, dtype: str) -> ac.AttentionSpec:
+    slopes = torch.tensor(SLOPES)
+    if kind == "alibi":
+        return presets.alibi(slopes, d, dtype=dtype)
+    if kind == "alibi_causal":
+        return presets.alibi(slopes, d, dtype=dtype, causal=True)
+    if kind == "alibi_window":
+        return presets.alibi(slopes, d, dtype=dtype, mask_mod=presets.sliding_window_mask(1024))
+    if kind == "alibi_document":
+        doc = torch.repeat_interleave(torch.arange(3), torch.tensor([1500, 1100, 1500]))
+        return presets.alibi(slopes, d, dtype=dtype, mask_mod=presets.document_mask(doc))
+    raise ValueError(kind)
+
+
+# (spec kind, head dim, dtype, Nq, Nk, H_kv, plan options)
+CASES = [
+    ("alibi", 64, "bf16", 4096, 4096, 4, {}),                      # BLOCK_M 192: three consumers
+    ("alibi", 128, "bf16", 2049, 2049, 4, {}),
+    ("alibi", 128, "fp16", 1500, 4100, 2, {}),                     # GQA, Nq < Nk
+    ("alibi", 256, "bf16", 2000, 2000, 4, {}),
+    ("alibi", 128, "bf16", 4096, 4096, 4, {"persistent": True}),
+    ("alibi_causal", 128, "bf16", 4096, 4096, 4, {}),
+    ("alibi_causal", 64, "fp16", 3000, 3000, 4, {}),
+    ("alibi_window", 128, "bf16", 4096, 4096, 4, {}),
+    ("alibi_document", 128, "bf16", 4100, 4100, 4, {}),
+]
+
+
+def _inputs(B: int, H: int, H_kv: int, Nq: int, Nk: int, d: int, dt: torch.dtype, kind: str, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt)
+    k = torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt)
+    v = torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt)
+    if kind == "aligned":  # every q . k at the bound: |q . k| = max |q| max |k| for every pair
+        row = torch.randn(d, device="cuda", generator=g)
+        row = row / row.norm() * 3.0
+        q[:] = row.to(dt)
+        k[:] = row.to(dt)
+    return q, k, v
+
+
+def _run(kern, q, k, v):
+    out = torch.full((q.shape[0], q.shape[1], q.shape[2], kern.ir.head_dim_v), float("nan"), device="cuda",
+                     dtype=q.dtype)
+    _, lse = kern(q, k, v, out=out, return_lse=True)
+    return out, lse
+
+
+def _visited_blocks(kern, q, k, v) -> torch.Tensor:
+    """(B*H, query blocks): K/V blocks consumer 0 visited per tile, from the AC_V3_TRACE build (v3_trace.cuh,
+    slot kTraceBlocks); non-persistent plans only."""
+    import cupy
+
+    from attncompiler.runtime.compiler import compile_kernel
+
+    ks = kern.kernel_source
+    assert not ks.plan.persistent
+    traced_ks = dataclasses.replace(ks, source="#define AC_V3_TRACE 1\n" + ks.source)
+    traced = dataclasses.replace(kern, kernel_source=traced_ks, _loaded={})
+    traced(q, k, v)
+    mod = compile_kernel(traced_ks.source, traced_ks.arch, torch.cuda.current_device(), traced_ks.entry).module
+    n_words = 8192 * 16
+    mem = cupy.cuda.UnownedMemory(int(mod.get_global_var("ac_v3_trace")), n_words * 8, mod)
+    arr = cupy.ndarray((n_words,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    torch.cuda.synchronize()
+    arr.fill(0)
+    cupy.cuda.runtime.deviceSynchronize()
+    traced(q, k, v)
+    torch.cuda.synchronize()
+    q_blocks = -(-q.shape[2] // ks.plan.block_m)
+    tiles = q.shape[0] * q.shape[1] * q_blocks
+    assert tiles <= 8192
+    rows = arr.get().reshape(8192, 16)[:tiles]
+    return torch.tensor(rows[:, 9].astype("int64")).reshape(q.shape[0] * q.shape[1], q_blocks)
+
+
+@needs_hopper
+@pytest.mark.parametrize("kind, d, dtype, Nq, Nk, H_kv, opts", CASES)
+def test_skip_is_bit_identical(kind, d, dtype, Nq, Nk, H_kv, opts):
+    spec = _spec(kind, d, dtype)
+    on = ac.compile(spec, "v3", **opts)
+    off = ac.compile(spec, "v3", **{**on.plan.options, "score_skip": False})
+    assert on.plan.score_skip and not off.plan.score_skip
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    for inputs in ("random", "aligned"):
+        q, k, v = _inputs(1, 4, H_kv, Nq, Nk, d, dt, inputs)
+        o1, l1 = _run(on, q, k, v)
+        o0, l0 = _run(off, q, k, v)
+        assert not torch.isnan(o1).any() and not torch.isnan(l1).any(), f"{kind} {inputs}: NaN in the output"
+        diff = (o1.float() - o0.float()).abs().max()
+        assert torch.equal(o1, o0) and torch.equal(l1, l0), f"{kind} d={d} {dtype} {inputs}: max |dO| = {diff}"
+    # the steep heads' LSE reaches ~slope * Nk (thousands), where fp32's spacing alone is ~2e-4
+    res = check_kernel(on, 1, 4, Nq, Nk, H_kv=H_kv, lse_tol=2e-3 + 2e-6 * max(SLOPES) * max(Nq, Nk))
+    assert res.ok, f"{kind} d={d} {dtype} with the skip: {res}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("kind, d", [("alibi", 128), ("alibi", 64), ("alibi_causal", 128), ("alibi_window", 128)])
+def test_steep_heads_visit_fewer_blocks(kind, d):
+    spec = _spec(kind, d, "bf16")
+    on = ac.compile(spec, "v3")
+    off = ac.compile(spec, "v3", **{**on.plan.options, "score_skip": False})
+    N = 4096
+    q, k, v = _inputs(1, 4, 4, N, N, d, torch.bfloat16, "random")
+    with_skip, without = _visited_blocks(on, q, k, v), _visited_blocks(off, q, k, v)
+    bn = on.plan.block_n
+    # head 0 (slope 1): a row's weights fall by 2^-136 within ~(2 |coef| S + 144) / 1.44 keys (S = |q . k|
+    # bound ~ d + 7 sqrt(d)): a few blocks past the diagonal's or the last block's
+    s_bound = (math.sqrt(d) + 4.0) ** 2
+    reach = (2 * s_bound * math.log2(math.e) / math.sqrt(d) + 144) / math.log2(math.e)
+    limit = math.ceil(reach / bn) + math.ceil(on.plan.block_m / bn) + 2
+    assert int(with_skip[0].max()) <= limit < int(without[0].max()), (with_skip[0], without[0])
+    assert torch.equal(with_skip[3], without[3])  # slope 2^-8: nothing underflows within 4096 keys
+    assert bool((with_skip <= without).all())
+    assert int(without[0].max()) >= min(N, 1024 + on.plan.block_m) // bn  # the reference walk is the full one
+
+
+@needs_hopper
+def test_nan_in_v_still_propagates():
+    spec = _spec("alibi", 128, "bf16")
+    on = ac.compile(spec, "v3")
+    off = ac.compile(spec, "v3", **{**on.plan.options, "score_skip": False})
+    q, k, v = _inputs(1, 4, 4, 2048, 2048, 128, torch.bfloat16, "random")
+    v[0, 1, 5, 7] = float("nan")  # far below every row's last keys: its P is 0, and 0 * NaN is NaN
+    k[0, 2, 9, 3] = float("inf")
+    o1, l1 = _run(on, q, k, v)
+    o0, l0 = _run(off, q, k, v)
+    assert torch.isnan(o0[0, 1, :, 7]).all() and torch.isnan(o0[0, 2]).any()
+    torch.testing.assert_close(o1, o0, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(l1, l0, rtol=0, atol=0, equal_nan=True)
+    assert not torch.isnan(o1[0, 0]).any() and not torch.isnan(o1[0, 3]).any()
+    visited = _visited_blocks(on, q, k, v)
+    full = -(-2048 // on.plan.block_n)
+    # heads 1 and 2 (non-finite v, k) walk every block; head 0 (slope 1, finite) still skips
+    assert int(visited[1].min()) == int(visited[2].min()) == full and int(visited[0].max()) < full
+
+
+@needs_hopper
+def test_short_keys_take_no_bound():
+    """Below SCORE_SKIP_MIN_BLOCKS K/V blocks the bound is not computed: null pointer, nothing skipped."""
+    from attncompiler.plan.v3 import SCORE_SKIP_MIN_BLOCKS
+
+    on = ac.compile(_spec("alibi", 128, "bf16"), "v3")
+    n = SCORE_SKIP_MIN_BLOCKS * on.plan.block_n - 1
+    q, k, v = _inputs(1, 4, 4, n, n, 128, torch.bfloat16, "random")
+    visited = _visited_blocks(on, q, k, v)
+    assert bool((visited == -(-n // on.plan.block_n)).all())
+    res = check_kernel(on, 1, 4, n, lse_tol=2e-3 + 2e-6 * max(SLOPES) * n)
+    assert res.ok, str(res)
