@@ -5,7 +5,7 @@ The skipped K/V blocks are those whose every P is exactly 0, so a kernel with th
 LSE bit-identical to the same plan without it. The tests use ALiBi slopes from steep (1.0: a row's
 weight halves every ~0.7 keys) to flat (2^-8: nothing to skip), check that the steep heads really visit
 fewer blocks (the traced build counts them), that both kernels pass the float64 reference, and that
-NaN in v still reaches the output as without the skip.
+a NaN or inf in q or k turns the skip off for its head.
 
 Run on an H100 / H200 with ``python3 -m pytest -m gpu tests/test_gpu_scoreskip.py``.
 """
@@ -50,12 +50,12 @@ def _spec(kind: str, d: int, dtype: str) -> ac.AttentionSpec:
 # (spec kind, head dim, dtype, Nq, Nk, H_kv, plan options)
 CASES = [
     ("alibi", 64, "bf16", 4096, 4096, 4, {}),                      # BLOCK_M 192: three consumers
-    ("alibi", 128, "bf16", 2049, 2049, 4, {}),
+    ("alibi", 128, "bf16", 4113, 4113, 4, {}),
     ("alibi", 128, "fp16", 1500, 4100, 2, {}),                     # GQA, Nq < Nk
-    ("alibi", 256, "bf16", 2000, 2000, 4, {}),
+    ("alibi", 256, "bf16", 4100, 4100, 4, {}),
     ("alibi", 128, "bf16", 4096, 4096, 4, {"persistent": True}),
     ("alibi_causal", 128, "bf16", 4096, 4096, 4, {}),
-    ("alibi_causal", 64, "fp16", 3000, 3000, 4, {}),
+    ("alibi_causal", 64, "fp16", 4500, 4500, 4, {}),
     ("alibi_window", 128, "bf16", 4096, 4096, 4, {}),
     ("alibi_document", 128, "bf16", 4100, 4100, 4, {}),
 ]
@@ -151,32 +151,72 @@ def test_steep_heads_visit_fewer_blocks(kind, d):
 
 
 @needs_hopper
-def test_nan_in_v_still_propagates():
+def test_non_finite_inputs():
+    """A NaN or inf in a head's k (or q) turns the skip off for that head: its results match the full walk,
+    NaN for NaN. A NaN in v does not: like a key of an EMPTY block, a skipped key adds nothing, not even
+    0 * NaN, so only the full walk's output carries it."""
     spec = _spec("alibi", 128, "bf16")
     on = ac.compile(spec, "v3")
     off = ac.compile(spec, "v3", **{**on.plan.options, "score_skip": False})
-    q, k, v = _inputs(1, 4, 4, 2048, 2048, 128, torch.bfloat16, "random")
-    v[0, 1, 5, 7] = float("nan")  # far below every row's last keys: its P is 0, and 0 * NaN is NaN
+    N = 4096
+    q, k, v = _inputs(1, 4, 4, N, N, 128, torch.bfloat16, "random")
+    v[0, 1, 5, 7] = float("nan")  # far below every row's last keys: its P is 0
     k[0, 2, 9, 3] = float("inf")
     o1, l1 = _run(on, q, k, v)
     o0, l0 = _run(off, q, k, v)
     assert torch.isnan(o0[0, 1, :, 7]).all() and torch.isnan(o0[0, 2]).any()
-    torch.testing.assert_close(o1, o0, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(l1, l0, rtol=0, atol=0, equal_nan=True)
-    assert not torch.isnan(o1[0, 0]).any() and not torch.isnan(o1[0, 3]).any()
+    assert not torch.isnan(o1[0, 1]).any()
+    keep = torch.ones(128, dtype=torch.bool)
+    keep[7] = False
+    assert torch.equal(o1[0, 1][:, keep], o0[0, 1][:, keep]) and torch.equal(l1, l0)
+    torch.testing.assert_close(o1[0, 2], o0[0, 2], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(o1[0, ::3], o0[0, ::3])  # heads 0 and 3
     visited = _visited_blocks(on, q, k, v)
-    full = -(-2048 // on.plan.block_n)
-    # heads 1 and 2 (non-finite v, k) walk every block; head 0 (slope 1, finite) still skips
-    assert int(visited[1].min()) == int(visited[2].min()) == full and int(visited[0].max()) < full
+    full = -(-N // on.plan.block_n)
+    assert int(visited[2].min()) == full and int(visited[1].max()) < full and int(visited[0].max()) < full
+
+
+@needs_hopper
+@pytest.mark.parametrize("d, dtype, H_kv, layout", [(64, "bf16", 4, "bhnd"), (128, "fp16", 2, "bnhd"),
+                                                    (256, "bf16", 1, "bhnd")])
+def test_row_norm_kernel(d, dtype, H_kv, layout):
+    """attn_row_norms against torch: the largest squared row norms of q per (b, h), then of k per (b, h_kv)."""
+    from attncompiler.runtime.launch import check_inputs, pack_params, prepare_buffers
+    from attncompiler.runtime.scoreskip import BOUND_MARGIN, launch_row_norms, score_bound_reference
+
+    kern = ac.compile(_spec("alibi", d, dtype), "v3")
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    B, H, Nq, Nk = 2, 4, 777, 5000
+    q, k, v = _inputs(B, H, H_kv, Nq, Nk, d, dt, "random")
+    q = q * 3
+    if layout == "bnhd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    k[1, 0, 4999, 0] = float("nan")
+    dims = check_inputs(q, k, v, kern.ir)
+    o = torch.empty_like(q)
+    P, _ = pack_params(q, k, v, o, None, None, dims, scale=1.0, dropout_p=0.0, seed=0, offset=0, ir=kern.ir,
+                       buffers=prepare_buffers(kern.ir, kern._buffers, q.device))
+    table = launch_row_norms(kern.kernel_source, dims, P, q.device)
+    torch.cuda.synchronize()
+    assert P.score_bound == table.data_ptr() and table.shape == (B * H + B * H_kv,)
+    want_q = q.float().square().sum(-1).amax(-1).flatten()
+    want_k = k.float().square().sum(-1).amax(-1).flatten()
+    torch.testing.assert_close(table[: B * H], want_q, rtol=1e-5, atol=0)
+    torch.testing.assert_close(table[B * H:], want_k, rtol=1e-5, atol=0, equal_nan=True)
+    assert torch.isnan(table[B * H + H_kv])  # (b = 1, h_kv = 0) holds the NaN
+    ref = score_bound_reference(q, k)
+    qb = table[: B * H].sqrt().reshape(B, H)
+    kb = table[B * H:].sqrt().reshape(B, H_kv).repeat_interleave(H // H_kv, dim=1)
+    torch.testing.assert_close(qb * kb * BOUND_MARGIN, ref, rtol=1e-5, atol=0, equal_nan=True)
 
 
 @needs_hopper
 def test_short_keys_take_no_bound():
-    """Below SCORE_SKIP_MIN_BLOCKS K/V blocks the bound is not computed: null pointer, nothing skipped."""
-    from attncompiler.plan.v3 import SCORE_SKIP_MIN_BLOCKS
+    """Below SCORE_SKIP_MIN_KEYS keys the bound is not computed: null pointer, nothing skipped."""
+    from attncompiler.plan.v3 import SCORE_SKIP_MIN_KEYS
 
     on = ac.compile(_spec("alibi", 128, "bf16"), "v3")
-    n = SCORE_SKIP_MIN_BLOCKS * on.plan.block_n - 1
+    n = SCORE_SKIP_MIN_KEYS - 1
     q, k, v = _inputs(1, 4, 4, n, n, 128, torch.bfloat16, "random")
     visited = _visited_blocks(on, q, k, v)
     assert bool((visited == -(-n // on.plan.block_n)).all())

@@ -11,8 +11,8 @@ import torch
 
 from attncompiler.ir.build import build_ir
 from attncompiler.plan import PlanError
-from attncompiler.plan.v3 import SCORE_SKIP_MIN_BLOCKS, plan_v3
-from attncompiler.runtime.scoreskip import BOUND_MARGIN, score_bound
+from attncompiler.plan.v3 import SCORE_SKIP_MIN_KEYS, plan_v3
+from attncompiler.runtime.scoreskip import BOUND_MARGIN, row_norms_grid, score_bound_reference
 from attncompiler.spec import presets
 
 SLOPES = torch.tensor([1.0, 0.25, 2.0**-5, 2.0**-8])
@@ -24,7 +24,7 @@ def test_planner_takes_the_skip_for_alibi(causal, d):
     p = plan_v3(build_ir(presets.alibi(SLOPES, d, causal=causal)), "sm_90")
     assert p.score_skip and p.kv_descending and p.options["score_skip"] is True
     text = p.describe()
-    assert f"score skip: on when Nk >= {SCORE_SKIP_MIN_BLOCKS} K/V blocks" in text and "2^-136" in text
+    assert f"score skip: on when Nk >= {SCORE_SKIP_MIN_KEYS}" in text and "2^-136" in text
     assert plan_v3(build_ir(presets.alibi(SLOPES, d, causal=causal)), "sm_90", **p.options).options == p.options
 
 
@@ -78,29 +78,32 @@ def test_bound_is_sound(B, H, H_kv, Nq, Nk, d, dtype):
     g = torch.Generator().manual_seed(B * 100 + H + Nq)
     q = (torch.randn(B, H, Nq, d, generator=g) * 3).to(dtype)
     k = torch.randn(B, H_kv, Nk, d, generator=g).to(dtype)
-    v = torch.randn(B, H_kv, Nk, d, generator=g).to(dtype)
     k[:, :, 0] = q[:, 0, 0][:, None, :]  # pairs near the bound
-    bound = score_bound(q, k, v)
-    assert bound.shape == (B, H) and bound.dtype == torch.float32 and bound.is_contiguous()
+    bound = score_bound_reference(q, k)
+    assert bound.shape == (B, H) and bound.dtype == torch.float32
     assert bool((_pairs_max(q, k) <= bound.double()).all())
     qn = q.double().norm(dim=-1).amax(dim=-1)
     kn = k.double().norm(dim=-1).amax(dim=-1).repeat_interleave(H // H_kv, dim=1)
     assert torch.allclose(bound.double(), qn * kn * BOUND_MARGIN, rtol=1e-5)  # and not much looser
     # (B, N, H, d) storage viewed as (B, H, N, d): the same bound
-    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    assert torch.equal(score_bound(qt, kt, vt), bound)
+    qt, kt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k))
+    assert torch.equal(score_bound_reference(qt, kt), bound)
 
 
 def test_bound_is_not_finite_where_inputs_are_not():
-    q, k, v = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 11, 16), torch.randn(1, 2, 11, 16)
-    v[0, 1, 3, 2] = float("nan")
+    q, k = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 11, 16)
     k[0, 0, 4, 1] = float("inf")
-    b = score_bound(q, k, v)
-    assert not torch.isfinite(b[0, :2]).any() and not torch.isfinite(b[0, 2:]).any()  # k head 0, v head 1
-    v[0, 1, 3, 2] = float("inf")
-    k[0, 0, 4, 1] = 0.0
-    b = score_bound(q, k, v)
-    assert torch.isfinite(b[0, :2]).all() and torch.isnan(b[0, 2:]).all()
+    q[0, 3, 2, 0] = float("nan")
+    b = score_bound_reference(q, k)
+    assert not torch.isfinite(b[0, :2]).any() and torch.isfinite(b[0, 2]) and torch.isnan(b[0, 3])
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("Nq, Nk", [(1, 1), (255, 4097), (16384, 100), (333, 333)])
+def test_row_norms_grid_covers_every_row(d, Nq, Nk):
+    gx, gy, gz = row_norms_grid(d, 2, 8, 2, Nq, Nk)
+    rows_per_cta = 256 // (d // 8) * 8  # RowNorms<D>: kThreads / (D / 8) rows per pass, kPasses passes
+    assert gx * rows_per_cta >= max(Nq, Nk) > (gx - 1) * rows_per_cta and (gy, gz) == (2 * 8 + 2 * 2, 1)
 
 
 def _skip_begin(kv_ref: int, j_begin: int, j_end: int, j_ref: int, bn: int, coef: float, slope: float,
@@ -127,7 +130,7 @@ def test_skipped_keys_underflow_bruteforce(seed):
     if seed % 2:  # rows aligned with the keys: |s| at the bound
         k[:] = q[0]
     s = q @ k.T
-    bound = float(score_bound(q.float()[None, None], k.float()[None, None], k.float()[None, None])[0, 0])
+    bound = float(score_bound_reference(q.float()[None, None], k.float()[None, None])[0, 0])
     coef = math.log2(math.e) * scale
     for slope in (4.0, 1.0, 0.3, 0.05):
         x = coef * s + slope * torch.arange(Nk, dtype=torch.float64)  # + a row term that cancels in x - m

@@ -15,7 +15,7 @@ import torch
 
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
-from ..plan.v3 import SCORE_SKIP_MIN_BLOCKS, V3Plan, plan_v3
+from ..plan.v3 import SCORE_SKIP_MIN_KEYS, V3Plan, plan_v3
 from ..runtime.launch import AttnInputs
 from .hooks import render_prelude
 from .render import render_source
@@ -76,16 +76,14 @@ class V3Schedule:
 
     def prepare_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> torch.Tensor | None:
-        """Score-skip plans over at least SCORE_SKIP_MIN_BLOCKS K/V blocks: the per-call bound on |q . k|
-        (:mod:`attncompiler.runtime.scoreskip`) into ``params.score_bound``.  Returns the tensor (keep it
-        until the launch is queued) or None."""
-        if not ks.plan.score_skip or dims.Nk < SCORE_SKIP_MIN_BLOCKS * ks.plan.block_n:
+        """Score-skip plans with at least SCORE_SKIP_MIN_KEYS keys: the largest row norms of q and k
+        (:mod:`attncompiler.runtime.scoreskip`, the bound on |q . k|) into ``params.score_bound``.  Returns the
+        table (keep it until the launch is queued) or None."""
+        if not ks.plan.score_skip or dims.Nk < SCORE_SKIP_MIN_KEYS:
             return None
-        from ..runtime.scoreskip import score_bound
+        from ..runtime.scoreskip import launch_row_norms
 
-        bound = score_bound(q, k, v)
-        params.score_bound = bound.data_ptr()
-        return bound
+        return launch_row_norms(ks, dims, params, q.device)
 
     def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
                        device: torch.device) -> None:

@@ -31,7 +31,7 @@ __all__ = [
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
-    "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE", "SCORE_SKIP_MIN_BLOCKS",
+    "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE", "SCORE_SKIP_MIN_KEYS",
     "TILE_WORD_BYTES",
 ]
 
@@ -102,10 +102,10 @@ KV_DESCENDING_SEPARABLE = True
 #: The score skip (plan option ``score_skip``; v3_fwd.cuh ``v3_skip_begin``, runtime/scoreskip.py): with a separable
 #: score_mod whose column term is linear in kv (ALiBi: ``slope[h] * kv``) and the descending walk, a K/V block whose
 #: column term alone puts every score more than 2^136 below the row's offset has P = 0 exactly, and each tile starts
-#: its walk above such blocks.  It needs a bound on ``|q . k|``, from one norm pass over q and k (and a max over v,
-#: so that non-finite values still propagate) per call: taken when Nk spans at least this many K/V blocks, below
-#: which there is little to skip beside the passes' own launches.
-SCORE_SKIP_MIN_BLOCKS = 8
+#: its walk above such blocks.  It needs a bound on ``|q . k|``: one pass over q and k per call (``attn_row_norms``,
+#: ~2 (Nq + Nk) d bytes per head, ~217 / N of the attention's time at 650 TFLOP/s and 3 TB/s), taken only from this
+#: many keys on, so that where nothing can be skipped (all slopes tiny) it costs at most ~5 %.
+SCORE_SKIP_MIN_KEYS = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,10 +351,9 @@ def _score_skip(ir_or_dims: Any, desc: bool, static: bool, forced: bool | None) 
         return False, "score skip: off (forced)"
     if why_not:
         return False, f"score skip: off ({why_not})"
-    return True, (f"score skip: on when Nk >= {SCORE_SKIP_MIN_BLOCKS} K/V blocks (SCORE_SKIP_MIN_BLOCKS): each tile "
-                  f"starts its walk above the blocks whose column term alone puts every P below 2^-136 of the "
-                  f"row's offset (exactly 0: bit-identical results), bounded per call from the largest row norms "
-                  f"of q and k")
+    return True, (f"score skip: on when Nk >= {SCORE_SKIP_MIN_KEYS} (SCORE_SKIP_MIN_KEYS): each tile starts its walk "
+                  f"above the blocks whose column term alone puts every P below 2^-136 of the row's offset (exactly "
+                  f"0: bit-identical results), bounded per call from the largest row norms of q and k")
 
 
 

@@ -19,8 +19,10 @@ pointer only makes the classifier say PARTIAL.
 Cost.  The table is two torch reductions on the buffer's device, cached per buffer *version*: the
 key is ``(data_ptr, _version, shape, strides, dtype, device)`` and the cache holds a reference to
 the tensor (so its memory cannot be reused while the key lives); in-place updates bump
-``_version`` and miss.  The int32 device copy of such a buffer (``prepare_buffers``) is cached the
-same way, so repeated calls with the same buffer launch nothing extra.  Not cached (recomputed on
+``_version`` and miss.  The device copy of every buffer (``prepare_buffers``: int32 or float32) is
+cached the same way, so repeated calls with the same buffer launch nothing extra; a copy from the
+CPU (a buffer captured there, ALiBi's slopes say) is also keyed by a hash of the contents, so that
+edits through ``.data`` are seen there, and it no longer waits for the stream at every call.  Not cached (recomputed on
 each call): inference-mode tensors (no version counter) and calls during CUDA-graph capture (the
 captured graph must recompute the table from the buffer on replay).  Writes that bypass the
 version counter (``.data``, DLPack, raw pointers) are not seen: call :func:`clear_cache` after them.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
@@ -123,11 +126,22 @@ def _cached(tag: str, t: torch.Tensor, extra: Any, make: Callable[[], torch.Tens
     return value
 
 
+def device_copy(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous ``dtype`` copy of ``t`` on ``device`` (``t`` itself when it already is one), cached per
+    version of ``t``: a buffer captured on the CPU (ALiBi's slopes, say) is copied once, not at every call,
+    where the copy from pageable memory also waited for the stream."""
+    if t.dtype == dtype and t.device == torch.device(device) and t.is_contiguous():
+        return t
+    extra: Any = str(device)
+    if t.device.type == "cpu":  # keyed by the contents too: an edit through .data leaves the version alone
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        extra = (extra, hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest())
+    return _cached(str(dtype), t, extra, lambda: t.detach().to(device=device, dtype=dtype).contiguous())
+
+
 def device_int32(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A contiguous int32 copy of ``t`` on ``device`` (``t`` itself when it already is one), cached."""
-    if t.dtype == torch.int32 and t.device == torch.device(device) and t.is_contiguous():
-        return t
-    return _cached("int32", t, str(device), lambda: t.to(device=device, dtype=torch.int32).contiguous())
+    return device_copy(t, device, torch.int32)
 
 
 def granule_table(t: torch.Tensor, axis: int) -> torch.Tensor:

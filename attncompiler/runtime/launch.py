@@ -149,10 +149,7 @@ def prepare_buffers(ir: AttentionIR, values: Mapping[str, torch.Tensor], device:
             raise InputError(f"buffer {info.name!r}: expected {kind} tensor (the spec captured a {info.kind} buffer), "
                              f"got dtype {t.dtype}")
         want = torch.float32 if info.kind == "float" else torch.int32
-        if info.kind == "int" and info.name in blockstats.table_axes(ir):
-            out.append(blockstats.device_int32(t, device))  # cached per buffer version, like its table
-        else:
-            out.append(t.to(device=device, dtype=want).contiguous())
+        out.append(blockstats.device_copy(t, device, want))  # cached per buffer version
     return out
 
 

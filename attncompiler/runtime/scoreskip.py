@@ -1,40 +1,69 @@
-"""The per-call bound behind the v3 score skip (plan option ``score_skip``).
+"""The per-call input of the v3 score skip (plan option ``score_skip``).
 
 A separable score_mod with a column term linear in the key position (ALiBi) feeds the softmax
 ``x = coef * (q . k) + slope * kv + R(q)`` (log2 units).  Keys far enough below a key the row sees
 have ``exp2(x - m) = 0`` exactly, whatever the dot product, once ``|q . k|`` is bounded; the kernel
 (``v3_skip_begin`` in ``templates/include/attncompiler/v3_fwd.cuh``) then starts each tile's walk
-above their blocks.  This module computes that bound per (batch, head) on the GPU, on torch's
-current stream:
+above their blocks.  The bound is Cauchy-Schwarz's,
 
-    bound[b, h] = max_i |q[b, h, i]| * max_j |k[b, h_kv, j]| * (1 + 2^-10)
+    |q[b, h, i] . k[b, h_kv, j]| <= max_i |q[b, h, i]| * max_j |k[b, h_kv, j]| * (1 + 2^-10)
 
-(Cauchy-Schwarz; the factor covers the fp32 rounding of the norms and of the kernel's dot products
-for head dims up to 2^13).  A non-finite value anywhere in q, k or v of the head makes its bound NaN
-or inf, and the kernel then skips nothing, so NaN and inf reach the output exactly as without the skip.
-Cost: one read of q, k and v (for N = 8k, d = 64, 32 heads: ~32 MB each), a few percent of the
-attention itself; :data:`attncompiler.plan.v3.SCORE_SKIP_MIN_BLOCKS` keeps it off short sequences.
+(the factor covers the fp32 rounding of the norms and of the kernel's dot products for head dims up to
+2^13).  Per call, :func:`launch_row_norms` runs the translation unit's second kernel, ``attn_row_norms``
+(``templates/include/attncompiler/row_norms.cuh``), on torch's current stream: one read of q and k at
+full bandwidth, leaving the largest squared row norms per (b, h) of q and per (b, h_kv) of k in a float32
+table that ``AttnParams.score_bound`` points to.  A NaN or inf in a head's q or k rows makes its entry
+non-finite, and the kernel then skips nothing for that head.  :func:`score_bound_reference` is the same
+bound in torch (tests, documentation).
 """
 from __future__ import annotations
 
+import ctypes
+from typing import Any
+
 import torch
 
-__all__ = ["score_bound", "BOUND_MARGIN"]
+__all__ = ["BOUND_MARGIN", "NORMS_ENTRY", "launch_row_norms", "row_norms_grid", "score_bound_reference"]
 
-#: relative margin on the product of the largest norms (fp32 rounding of the norms and the dot products)
+#: relative margin on the product of the largest norms (kScoreBoundMargin in v3_fwd.cuh)
 BOUND_MARGIN = 1.0 + 2.0**-10
+#: the row-norm kernel's entry in a v3 translation unit rendered with score_skip
+NORMS_ENTRY = "attn_row_norms"
+_THREADS = 256   # RowNorms<D>::kThreads
+_loaded: dict[tuple[Any, int], Any] = {}  # attn_row_norms by (kernel source, device)
+_PASSES = 8      # RowNorms<D>::kPasses
 
 
-def score_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """(B, H) float32, contiguous: a bound on ``|q[b, h, i] . k[b, h // (H / H_kv), j]|`` over every i, j, or
-    NaN / inf where q, k or v of that head hold a non-finite value.  q: (B, H, Nq, D), k: (B, H_kv, Nk, D),
-    v: (B, H_kv, Nk, DV), any strides."""
+def row_norms_grid(head_dim: int, B: int, H: int, H_kv: int, Nq: int, Nk: int) -> tuple[int, int, int]:
+    """(row chunks, B*H + B*H_kv, 1): RowNorms<D>::kRowsPerCta rows of one (tensor, b, h) per CTA."""
+    rows_per_cta = _THREADS // (head_dim // 8) * _PASSES
+    return (-(-max(Nq, Nk) // rows_per_cta), B * H + B * H_kv, 1)
+
+
+def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch.device) -> torch.Tensor:
+    """Run ``attn_row_norms`` of the v3 kernel source ``ks`` on q and k (``params`` holds their pointers and
+    strides) and point ``params.score_bound`` at the result: float32 (B*H + B*H_kv,), the largest squared row
+    norms of q per (b, h), then of k per (b, h_kv).  Returns the table (keep it until the launch is queued)."""
+    from .compiler import compile_functions
+    from .launch import launch_structs
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
+    if fn is None:
+        fn = _loaded.setdefault((ks, idx), compile_functions(ks.source, ks.arch, idx, (ks.entry, NORMS_ENTRY))[NORMS_ENTRY])
+    table = torch.zeros(dims.B * dims.H + dims.B * dims.H_kv, device=device, dtype=torch.float32)
+    out = ctypes.c_void_p(table.data_ptr())
+    grid = row_norms_grid(dims.D, dims.B, dims.H, dims.H_kv, dims.Nq, dims.Nk)
+    with torch.cuda.device(device):
+        launch_structs(fn.ptr, grid, _THREADS, 0, (params, out), device)
+    params.score_bound = table.data_ptr()
+    return table
+
+
+def score_bound_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(B, H) float32: the bound on ``|q[b, h, i] . k[b, h // (H / H_kv), j]|`` over every i, j that the kernel
+    derives from the row-norm table (non-finite where q or k of that head holds a non-finite value)."""
     qn = torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32).amax(dim=-1)  # (B, H)
     kn = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).amax(dim=-1)  # (B, H_kv)
-    # 0 * max|v| is 0 for finite v and NaN otherwise: a non-finite v disables the skip for its heads
-    vmax = torch.linalg.vector_norm(v, ord=float("inf"), dim=(-2, -1), dtype=torch.float32)  # (B, H_kv)
-    kb = kn * BOUND_MARGIN + vmax * 0.0
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        kb = kb.repeat_interleave(group, dim=1)
-    return (qn * kb).contiguous()
+    kn = kn.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return qn * kn * BOUND_MARGIN
