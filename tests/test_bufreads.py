@@ -306,3 +306,23 @@ def test_simulator_per_batch_document_ids() -> None:
     (name,) = [b.name for b in ir.buffers]
     st = _check_sim(ir, {name: ids2}, 2, 2, 150, 150, TILES, 5)
     assert st[2].tiles_empty > 0 and st[2].tiles_full > 0
+
+
+def test_device_copies_are_cached_and_follow_edits() -> None:
+    """prepare_buffers' copies (blockstats.device_copy): one per buffer version, and for a CPU buffer one per
+    content, so an edit through ``.data`` (which leaves the version counter alone) still reaches the kernel."""
+    blockstats.clear_cache()
+    slopes = torch.tensor([0.5, 0.25, 0.125], dtype=torch.float64)  # float64 on the CPU: float32 copy needed
+    ir = build_ir(presets.alibi(slopes, 64))
+    dev = torch.device("cpu")
+    (a,) = prepare_buffers(ir, {"slopes": slopes}, dev)
+    (b,) = prepare_buffers(ir, {"slopes": slopes}, dev)
+    assert a is b and a.dtype == torch.float32 and a.tolist() == [0.5, 0.25, 0.125]
+    slopes.data[1] = 4.0  # no version bump
+    (c,) = prepare_buffers(ir, {"slopes": slopes}, dev)
+    assert c is not b and c.tolist() == [0.5, 4.0, 0.125]
+    slopes.mul_(2.0)  # in place: version bump
+    (d,) = prepare_buffers(ir, {"slopes": slopes}, dev)
+    assert d.tolist() == [1.0, 8.0, 0.25]
+    f32 = torch.tensor([1.0, 2.0, 3.0])  # already float32, contiguous, on the device: passed as it is
+    assert prepare_buffers(ir, {"slopes": f32}, dev)[0] is f32

@@ -222,3 +222,32 @@ def test_short_keys_take_no_bound():
     assert bool((visited == -(-n // on.plan.block_n)).all())
     res = check_kernel(on, 1, 4, n, lse_tol=2e-3 + 2e-6 * max(SLOPES) * n)
     assert res.ok, str(res)
+
+
+@needs_hopper
+def test_cuda_graph_replays_the_bound():
+    """Under CUDA-graph capture the row-norm pass is captured with the attention kernel, so a replay bounds the
+    new q and k: bit-identical to the full walk on fresh inputs, and off for a head whose k turned non-finite."""
+    spec = _spec("alibi", 128, "bf16")
+    on = ac.compile(spec, "v3")
+    off = ac.compile(spec, "v3", **{**on.plan.options, "score_skip": False})
+    N = 4096
+    q, k, v = _inputs(1, 4, 4, N, N, 128, torch.bfloat16, "random")
+    bufs = {"slopes": torch.tensor(SLOPES, device="cuda")}
+    on(q, k, v, buffers=bufs)  # compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = on(q, k, v, buffers=bufs)
+    for seed in (1, 2):
+        q2, k2, v2 = _inputs(1, 4, 4, N, N, 128, torch.bfloat16, "random", seed=seed)
+        q.copy_(q2 * (2 * seed))  # larger norms: a different bound
+        k.copy_(k2)
+        v.copy_(v2)
+        if seed == 2:
+            k[0, 0, 3, 5] = float("inf")
+        graph.replay()
+        want = off(q, k, v, buffers=bufs)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+        assert not torch.isnan(out[0, 1:]).any()
