@@ -80,8 +80,10 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
 // then has x - m <= -kUnderflowLog2 in every row: exp2 returns exactly 0 for it (ex2.approx.ftz flushes
 // results below 2^-126, ac_exp2_poly clamps at -127), so O, l and the LSE are bit-identical without its
 // block, and the walk starts above it. (Like a key of an EMPTY block, a skipped key then contributes
-// nothing, not even a NaN of its v row, where the full walk would add 0 * NaN.) A NaN or infinite bound (a non-finite q or k), slope <= 0 or no
-// FULL block skips nothing. Returns the walk's first block, in [j_begin, the reference block].
+// nothing, not even a NaN of its v row, where the full walk would add 0 * NaN.) A NaN or infinite
+// bound (a non-finite q or k), slope <= 0 or no FULL block skips nothing. Returns the walk's first
+// block, in [j_begin, the reference block]: the walk's first visited block (j_end - 1 without a mask,
+// the highest non-EMPTY one with a mask, never below a FULL one) is never skipped.
 constexpr float kUnderflowLog2 = 136.f;  // exp2's flush at 2^-127, plus 9 for the fp32 rounding of x and m
 constexpr int kSkipRefSearch = 4;         // top blocks searched for a FULL one (the diagonal's, with a mask)
 constexpr float kScoreBoundMargin = 1.f + 1.f / 1024.f;
