@@ -21,7 +21,6 @@ Only the traced build runs here: the timer reads add a few instructions per tile
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 import torch
@@ -42,10 +41,8 @@ def _median(xs: list[float]) -> float:
 def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] = ()) -> dict[str, float]:
     """Launch ``item`` traced (``spec``: this spec instead of the item's variant; ``defines``: more
     ``#define`` lines before the source); returns the phase medians (microseconds) and the span."""
-    import cupy
-
     import attncompiler as ac
-    from attncompiler.runtime.compiler import compile_kernel
+    from attncompiler.bench.v3trace import run_traced
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from bench_v3 import _spec
@@ -56,25 +53,9 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
     H = 2048 // d
     kern = ac.compile(spec if spec is not None else _spec(var, d, H, max(n, nk)), "v3", **options)
     ks = kern.kernel_source
-    prefix = "".join(f"#define {x}\n" for x in ("AC_V3_TRACE 1", *defines))
-    traced_ks = dataclasses.replace(ks, source=prefix + ks.source)
-    traced = dataclasses.replace(kern, kernel_source=traced_ks, _loaded={})
     q = torch.randn(1, H, n, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, H, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        traced(q, k, v)
-    idx = torch.cuda.current_device()
-    mod = compile_kernel(traced_ks.source, traced_ks.arch, idx, traced_ks.entry).module
-    ptr = mod.get_global_var("ac_v3_trace")
-    n_words = 8192 * 16
-    mem = cupy.cuda.UnownedMemory(int(ptr), n_words * 8, mod)
-    buf = cupy.ndarray((n_words,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
-    torch.cuda.synchronize()
-    buf.fill(0)
-    cupy.cuda.runtime.deviceSynchronize()
-    traced(q, k, v)
-    torch.cuda.synchronize()
-    rows = buf.get().reshape(8192, 16)
+    rows = run_traced(kern, q, k, v, defines=defines, warmup=3)
     plan = ks.plan
     tiles = [dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for r in rows if r[7] != 0]
     us = 1e-3

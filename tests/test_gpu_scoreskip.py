@@ -11,7 +11,6 @@ Run on an H100 / H200 with ``python3 -m pytest -m gpu tests/test_gpu_scoreskip.p
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -82,31 +81,16 @@ def _run(kern, q, k, v):
 
 
 def _visited_blocks(kern, q, k, v) -> torch.Tensor:
-    """(B*H, query blocks): K/V blocks consumer 0 visited per tile, from the AC_V3_TRACE build (v3_trace.cuh,
-    slot kTraceBlocks); non-persistent plans only."""
-    import cupy
+    """(B*H, query blocks): K/V blocks consumer 0 visited per tile, from the AC_V3_TRACE build
+    (attncompiler/bench/v3trace.py); non-persistent plans only."""
+    from attncompiler.bench.v3trace import SLOT_BLOCKS, TRACE_TILES, run_traced
 
-    from attncompiler.runtime.compiler import compile_kernel
-
-    ks = kern.kernel_source
-    assert not ks.plan.persistent
-    traced_ks = dataclasses.replace(ks, source="#define AC_V3_TRACE 1\n" + ks.source)
-    traced = dataclasses.replace(kern, kernel_source=traced_ks, _loaded={})
-    traced(q, k, v)
-    mod = compile_kernel(traced_ks.source, traced_ks.arch, torch.cuda.current_device(), traced_ks.entry).module
-    n_words = 8192 * 16
-    mem = cupy.cuda.UnownedMemory(int(mod.get_global_var("ac_v3_trace")), n_words * 8, mod)
-    arr = cupy.ndarray((n_words,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
-    torch.cuda.synchronize()
-    arr.fill(0)
-    cupy.cuda.runtime.deviceSynchronize()
-    traced(q, k, v)
-    torch.cuda.synchronize()
-    q_blocks = -(-q.shape[2] // ks.plan.block_m)
+    assert not kern.plan.persistent
+    q_blocks = -(-q.shape[2] // kern.plan.block_m)
     tiles = q.shape[0] * q.shape[1] * q_blocks
-    assert tiles <= 8192
-    rows = arr.get().reshape(8192, 16)[:tiles]
-    return torch.tensor(rows[:, 9].astype("int64")).reshape(q.shape[0] * q.shape[1], q_blocks)
+    assert tiles <= TRACE_TILES
+    rows = run_traced(kern, q, k, v)[:tiles]
+    return torch.tensor(rows[:, SLOT_BLOCKS].astype("int64")).reshape(q.shape[0] * q.shape[1], q_blocks)
 
 
 @needs_hopper
