@@ -312,7 +312,7 @@ def test_compile_auto_uses_tuned_v3_and_auto_entries(tuned_dir: Path, fake_gpu: 
     v2_opts = {"block_m": 128, "block_n": 64, "num_warps": 4, "q_in_regs": False, "stages": 1}
     at.store().put(_result(ir, 16384, v2_opts, schedule="auto", winner="v2"))
     kern = ac.compile(spec, target="sm_90", build=False, seqlen_hint=16000)
-    assert kern.schedule == "v2" and kern.plan.options == v2_opts
+    assert kern.schedule == "v2" and kern.plan.options == {**v2_opts, "score_skip": False}
     # a v3-tuned entry (key schedule v3) is used too; v1 entries never are
     at.store().put(_result(build_ir(presets.causal(64)), 1024, {"block_n": 128, "stages": 4, "persistent": False},
                            schedule="v3"))

@@ -46,17 +46,21 @@ def _spec(kind: str, d: int, dtype: str) -> ac.AttentionSpec:
     raise ValueError(kind)
 
 
-# (spec kind, head dim, dtype, Nq, Nk, H_kv, plan options)
+# (schedule, spec kind, head dim, dtype, Nq, Nk, H_kv, plan options)
 CASES = [
-    ("alibi", 64, "bf16", 4096, 4096, 4, {}),                      # BLOCK_M 192: three consumers
-    ("alibi", 128, "bf16", 4113, 4113, 4, {}),
-    ("alibi", 128, "fp16", 1500, 4100, 2, {}),                     # GQA, Nq < Nk
-    ("alibi", 256, "bf16", 4100, 4100, 4, {}),
-    ("alibi", 128, "bf16", 4096, 4096, 4, {"persistent": True}),
-    ("alibi_causal", 128, "bf16", 4096, 4096, 4, {}),
-    ("alibi_causal", 64, "fp16", 4500, 4500, 4, {}),
-    ("alibi_window", 128, "bf16", 4096, 4096, 4, {}),
-    ("alibi_document", 128, "bf16", 4100, 4100, 4, {}),
+    ("v3", "alibi", 64, "bf16", 4096, 4096, 4, {}),                      # BLOCK_M 192: three consumers
+    ("v3", "alibi", 128, "bf16", 4113, 4113, 4, {}),
+    ("v3", "alibi", 128, "fp16", 1500, 4100, 2, {}),                     # GQA, Nq < Nk
+    ("v3", "alibi", 256, "bf16", 4100, 4100, 4, {}),
+    ("v3", "alibi", 128, "bf16", 4096, 4096, 4, {"persistent": True}),
+    ("v3", "alibi_causal", 128, "bf16", 4096, 4096, 4, {}),
+    ("v3", "alibi_causal", 64, "fp16", 4500, 4500, 4, {}),
+    ("v3", "alibi_window", 128, "bf16", 4096, 4096, 4, {}),
+    ("v3", "alibi_document", 128, "bf16", 4100, 4100, 4, {}),
+    ("v2", "alibi", 128, "bf16", 4113, 4113, 4, {}),
+    ("v2", "alibi", 96, "fp16", 1500, 4100, 2, {}),
+    ("v2", "alibi_causal", 64, "bf16", 4500, 4500, 4, {}),
+    ("v2", "alibi_document", 128, "bf16", 4100, 4100, 4, {}),
 ]
 
 
@@ -94,11 +98,14 @@ def _visited_blocks(kern, q, k, v) -> torch.Tensor:
 
 
 @needs_hopper
-@pytest.mark.parametrize("kind, d, dtype, Nq, Nk, H_kv, opts", CASES)
-def test_skip_is_bit_identical(kind, d, dtype, Nq, Nk, H_kv, opts):
+@pytest.mark.parametrize("sched, kind, d, dtype, Nq, Nk, H_kv, opts", CASES)
+def test_skip_is_bit_identical(sched, kind, d, dtype, Nq, Nk, H_kv, opts):
+    """v3 visits the skipped blocks' lower neighbours first (descending walk): their P would be exactly 0.
+    v2 walks up: the skipped blocks would come first and be scaled down by 2^-136 or more later, below
+    the fp32 rounding of every sum they would join (l >= 1), so the outputs are the same bits there too."""
     spec = _spec(kind, d, dtype)
-    on = ac.compile(spec, "v3", **opts)
-    off = ac.compile(spec, "v3", **{**on.plan.options, "score_skip": False})
+    on = ac.compile(spec, sched, **opts)
+    off = ac.compile(spec, sched, **{**on.plan.options, "score_skip": False})
     assert on.plan.score_skip and not off.plan.score_skip
     dt = torch.bfloat16 if dtype == "bf16" else torch.float16
     for inputs in ("random", "aligned"):
@@ -107,10 +114,10 @@ def test_skip_is_bit_identical(kind, d, dtype, Nq, Nk, H_kv, opts):
         o0, l0 = _run(off, q, k, v)
         assert not torch.isnan(o1).any() and not torch.isnan(l1).any(), f"{kind} {inputs}: NaN in the output"
         diff = (o1.float() - o0.float()).abs().max()
-        assert torch.equal(o1, o0) and torch.equal(l1, l0), f"{kind} d={d} {dtype} {inputs}: max |dO| = {diff}"
+        assert torch.equal(o1, o0) and torch.equal(l1, l0), f"{sched} {kind} d={d} {dtype} {inputs}: max |dO| = {diff}"
     # the steep heads' LSE reaches ~slope * Nk (thousands), where fp32's spacing alone is ~2e-4
     res = check_kernel(on, 1, 4, Nq, Nk, H_kv=H_kv, lse_tol=2e-3 + 2e-6 * max(SLOPES) * max(Nq, Nk))
-    assert res.ok, f"{kind} d={d} {dtype} with the skip: {res}"
+    assert res.ok, f"{sched} {kind} d={d} {dtype} with the skip: {res}"
 
 
 @needs_hopper
@@ -132,6 +139,27 @@ def test_steep_heads_visit_fewer_blocks(kind, d):
     assert torch.equal(with_skip[3], without[3])  # slope 2^-8: nothing underflows within 4096 keys
     assert bool((with_skip <= without).all())
     assert int(without[0].max()) >= min(N, 1024 + on.plan.block_m) // bn  # the reference walk is the full one
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", [128, 80])
+def test_v2_skips_the_far_blocks(d):
+    """v2 has no traced build: a NaN in a far key's v row shows the skip (see test_non_finite_inputs)."""
+    spec = _spec("alibi", d, "bf16")
+    on = ac.compile(spec, "v2")
+    off = ac.compile(spec, "v2", **{**on.plan.options, "score_skip": False})
+    assert on.plan.score_skip and "score skip: on" in on.plan.describe()
+    N = 4096
+    q, k, v = _inputs(1, 4, 4, N, N, d, torch.bfloat16, "random")
+    v[0, 0, 3, 1] = float("nan")  # slope 1: far below every row's last keys
+    v[0, 3, 3, 1] = float("nan")  # slope 2^-8: nothing skipped, NaN everywhere in column 1
+    o1, _ = _run(on, q, k, v)
+    o0, _ = _run(off, q, k, v)
+    assert torch.isnan(o0[0, 0, :, 1]).all() and not torch.isnan(o1[0, 0]).any()
+    assert torch.isnan(o1[0, 3, :, 1]).all()
+    keep = torch.ones(d, dtype=torch.bool)
+    keep[1] = False
+    assert torch.equal(o1[0, 0][:, keep], o0[0, 0][:, keep]) and torch.equal(o1[0, 1:3], o0[0, 1:3])
 
 
 @needs_hopper

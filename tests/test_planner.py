@@ -468,7 +468,8 @@ def test_v2_stages_knob() -> None:
     p2 = plan_v2(ProblemDims(128), "sm_90", stages=2)
     assert p2.stages == 2 and p2.smem_bytes == v2_smem_bytes(p2.block_m, p2.block_n, 128, 128, stages=2)
     assert p2.smem_bytes == (128 * 136 + 2 * 64 * 272) * 2 and "STAGES=2" in p2.describe()
-    assert p2.options == {"block_m": 128, "block_n": 64, "num_warps": 4, "q_in_regs": False, "stages": 2}
+    assert p2.options == {"block_m": 128, "block_n": 64, "num_warps": 4, "q_in_regs": False, "stages": 2,
+                          "score_skip": False}
     with pytest.raises(PlanError, match=r"stages=3 not in \{1, 2\}"):
         plan_v2(ProblemDims(128), "sm_90", stages=3)
     # d = 256 on sm_86: two K/V stages do not fit where one does

@@ -98,11 +98,11 @@ def test_bound_is_not_finite_where_inputs_are_not():
     assert not torch.isfinite(b[0, :2]).any() and torch.isfinite(b[0, 2]) and torch.isnan(b[0, 3])
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d, group", [(16, 2), (64, 8), (80, 16), (96, 16), (128, 16), (192, 32), (256, 32)])
 @pytest.mark.parametrize("Nq, Nk", [(1, 1), (255, 4097), (16384, 100), (333, 333)])
-def test_row_norms_grid_covers_every_row(d, Nq, Nk):
+def test_row_norms_grid_covers_every_row(d, group, Nq, Nk):
     gx, gy, gz = row_norms_grid(d, 2, 8, 2, Nq, Nk)
-    rows_per_cta = 256 // (d // 8) * 8  # RowNorms<D>: kThreads / (D / 8) rows per pass, kPasses passes
+    rows_per_cta = 256 // group * 8  # RowNorms<D>: kThreads / kGroup rows per pass, kPasses passes
     assert gx * rows_per_cta >= max(Nq, Nk) > (gx - 1) * rows_per_cta and (gy, gz) == (2 * 8 + 2 * 2, 1)
 
 

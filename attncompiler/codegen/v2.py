@@ -40,6 +40,7 @@ class V2Schedule:
             min_ctas=1,
             smem_bytes=plan.smem_bytes,
             varlen=bool(varlen),
+            score_skip=bool(plan.score_skip),
         )
         return KernelSource(self.name, "attn_fwd", target.nvrtc_arch, src, plan, plan.num_threads,
                             plan.smem_bytes)
@@ -49,6 +50,12 @@ class V2Schedule:
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0
+
+    def prepare_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, q: Any, k: Any, v: Any) -> Any:
+        """The score skip's bound (:func:`attncompiler.runtime.scoreskip.prepare_score_skip`)."""
+        from ..runtime.scoreskip import prepare_score_skip
+
+        return prepare_score_skip(ks, dims, params, q.device)
 
 
 SCHEDULE = V2Schedule()

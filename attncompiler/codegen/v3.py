@@ -15,7 +15,7 @@ import torch
 
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
-from ..plan.v3 import SCORE_SKIP_MIN_KEYS, V3Plan, plan_v3
+from ..plan.v3 import V3Plan, plan_v3
 from ..runtime.launch import AttnInputs
 from .hooks import render_prelude
 from .render import render_source
@@ -76,14 +76,10 @@ class V3Schedule:
 
     def prepare_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> torch.Tensor | None:
-        """Score-skip plans with at least SCORE_SKIP_MIN_KEYS keys: the largest row norms of q and k
-        (:mod:`attncompiler.runtime.scoreskip`, the bound on |q . k|) into ``params.score_bound``.  Returns the
-        table (keep it until the launch is queued) or None."""
-        if not ks.plan.score_skip or dims.Nk < SCORE_SKIP_MIN_KEYS:
-            return None
-        from ..runtime.scoreskip import launch_row_norms
+        """The score skip's bound (:func:`attncompiler.runtime.scoreskip.prepare_score_skip`)."""
+        from ..runtime.scoreskip import prepare_score_skip
 
-        return launch_row_norms(ks, dims, params, q.device)
+        return prepare_score_skip(ks, dims, params, q.device)
 
     def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
                        device: torch.device) -> None:

@@ -44,6 +44,7 @@ from .resources import (
     A_FRAG_REGS_PER_TILE, ACC_REGS_PER_TILE, MMA_K, MMA_M, MMA_N, REG_OVERHEAD, SMEM_ROW_PAD, VARIANT_REGS_PER_S_TILE,
     Constraint, VariantFeatures, evaluate, target_values, variant_features,
 )
+from .scoreskip import score_skip_choice
 from .targets import Target
 
 __all__ = [
@@ -229,12 +230,13 @@ class V2Plan(Plan):
     mt: int  # m16 row tiles per warp (each warp owns 16*mt query rows)
     q_in_regs: bool  # Q fragments kept in registers across the K/V loop (else re-read from smem)
     stages: int = 1  # K/V shared-memory buffers (V2Config::STAGES)
+    score_skip: bool = False  # skip the K/V blocks whose every P underflows (plan/scoreskip.py)
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v2(ir, target, **p.options)``)."""
         return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
-                "q_in_regs": self.q_in_regs, "stages": self.stages}
+                "q_in_regs": self.q_in_regs, "stages": self.stages, "score_skip": self.score_skip}
 
     def _config_lines(self) -> list[str]:
         lines = super()._config_lines()
@@ -271,7 +273,7 @@ def _variant_reason(ir_or_dims: Any, feats: VariantFeatures, best: Candidate, di
 
 def plan_v2(ir_or_dims: Any, target: Target | str | None, *, block_m: int | None = None,
             block_n: int | None = None, num_warps: int | None = None,
-            q_in_regs: bool | None = None, stages: int | None = None) -> V2Plan:
+            q_in_regs: bool | None = None, stages: int | None = None, score_skip: bool | None = None) -> V2Plan:
     """Best v2 configuration on ``target`` (or the forced one), with the reasons for it.
 
     Raises :class:`PlanError`, carrying the rejection reasons, when nothing feasible remains.
@@ -342,6 +344,8 @@ def plan_v2(ir_or_dims: Any, target: Target | str | None, *, block_m: int | None
         ru = accepted[1]
         reasons.append(f"beat the runner-up BLOCK_M={ru.block_m}, BLOCK_N={ru.block_n}, {ru.num_warps} warps, "
                        f"STAGES={ru.stages} on {_key_diff(best.score, ru.score)}")
+    skip, why_skip = score_skip_choice(ir_or_dims, "v2", score_skip)
+    reasons.append(why_skip)
     for c in rejected:
         reasons.append(f"rejected BLOCK_M={c.block_m}, BLOCK_N={c.block_n}, {c.num_warps} warps, STAGES={c.stages}: "
                        f"{c.reason}")
@@ -350,4 +354,5 @@ def plan_v2(ir_or_dims: Any, target: Target | str | None, *, block_m: int | None
         block_m=best.block_m, block_n=best.block_n, num_warps=best.num_warps, num_threads=best.num_threads,
         smem_bytes=best.smem_bytes, est_registers_per_thread=best.est_registers_per_thread,
         ctas_per_sm=best.ctas_per_sm, reasons=tuple(reasons), mt=mt, q_in_regs=best.q_in_regs, stages=best.stages,
+        score_skip=skip,
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
+from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
 
 __all__ = [
@@ -99,13 +100,6 @@ EXP2_POLY_DEFAULT = 0
 #: 593, sliding window 435 -> 442 (within noise, so they keep the ascending walk).
 KV_DESCENDING_DEFAULT = False
 KV_DESCENDING_SEPARABLE = True
-#: The score skip (plan option ``score_skip``; v3_fwd.cuh ``v3_skip_begin``, runtime/scoreskip.py): with a separable
-#: score_mod whose column term is linear in kv (ALiBi: ``slope[h] * kv``) and the descending walk, a K/V block whose
-#: column term alone puts every score more than 2^136 below the row's offset has P = 0 exactly, and each tile starts
-#: its walk above such blocks.  It needs a bound on ``|q . k|``: one pass over q and k per call (``attn_row_norms``,
-#: ~2 (Nq + Nk) d bytes per head, ~217 / N of the attention's time at 650 TFLOP/s and 3 TB/s), taken only from this
-#: many keys on, so that where nothing can be skipped (all slopes tiny) it costs at most ~5 %.
-SCORE_SKIP_MIN_KEYS = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,16 +172,6 @@ def _separable_score_mod(ir_or_dims: Any, *, with_mask: bool = False) -> bool:
     from ..codegen.hooks import score_form_of  # lazy: codegen imports the planner
 
     return score_form_of(ir_or_dims).separable
-
-
-def _linear_separable(ir_or_dims: Any) -> bool:
-    """Whether the IR's score_mod is separable with a column term linear in kv (ALiBi), masked or not."""
-    if getattr(ir_or_dims, "score_expr", None) is None:
-        return False
-    from ..codegen.hooks import score_form_of  # lazy: codegen imports the planner
-
-    form = score_form_of(ir_or_dims)
-    return form.separable and form.col_slope is not None
 
 
 def _static_offset(ir_or_dims: Any) -> bool:
@@ -322,7 +306,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                 " (KV_DESCENDING_SEPARABLE: a separable score_mod's column term, ALiBi's slope * kv, peaks at the "
                 "last block, so the lazy rescale rarely moves the offset after it)" if sep_any else "")
     reasons.append(f"K/V blocks visited {'from the last down' if desc else 'in ascending order'}{why_desc}")
-    skip, why_skip = _score_skip(ir_or_dims, desc, static, score_skip)
+    why_not = ("a bounded score_mod (fixed softmax offset)" if static else
+               "" if desc else "the K/V walk is ascending (the skip needs the largest column term visited first)")
+    skip, why_skip = score_skip_choice(ir_or_dims, "v3", score_skip, why_not)
     reasons.append(why_skip)
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
@@ -335,26 +321,6 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip,
     )
-
-
-def _score_skip(ir_or_dims: Any, desc: bool, static: bool, forced: bool | None) -> tuple[bool, str]:
-    """The score skip's setting and its reason line (raises PlanError when forced on where it cannot run)."""
-    if forced is not None and not isinstance(forced, bool):
-        raise PlanError(f"v3: expected score_skip a bool, got {forced!r}")
-    linear = _linear_separable(ir_or_dims) and not static
-    why_not = ("no separable score_mod with a column term linear in kv" if not linear else
-               "the K/V walk is ascending (the skip needs the largest column term visited first)" if not desc else "")
-    if forced and why_not:
-        raise PlanError(f"v3: score_skip=True needs a separable score_mod with a linear column term (ALiBi) and "
-                        f"kv_descending, got {why_not}")
-    if forced is False:
-        return False, "score skip: off (forced)"
-    if why_not:
-        return False, f"score skip: off ({why_not})"
-    return True, (f"score skip: on when Nk >= {SCORE_SKIP_MIN_KEYS} (SCORE_SKIP_MIN_KEYS): each tile starts its walk "
-                  f"above the blocks whose column term alone puts every P below 2^-136 of the row's offset (exactly "
-                  f"0: bit-identical results), bounded per call from the largest row norms of q and k")
-
 
 
 def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: int = 4) -> list[dict[str, Any]]:

@@ -80,11 +80,13 @@ def tune_candidates(ir: Any, target: Any, schedule: str = "v2", max_candidates: 
     from ..plan.v3 import candidates_v3
 
     if schedule == "v2":
-        opts = [plan_v2(ir, target).options]
+        base = plan_v2(ir, target)
+        opts = [base.options]
+        skip = {"score_skip": base.score_skip}  # the tiles are searched; the score skip stays the model's
         for c in (c for c in candidates_v2(ir, target) if c.accepted):
             flip = candidates_v2(ir, target, block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps,
                                  stages=c.stages, q_in_regs=not c.q_in_regs)[0]
-            opts += [c.options] + ([flip.options] if flip.accepted else [])
+            opts += [{**c.options, **skip}] + ([{**flip.options, **skip}] if flip.accepted else [])
         if not _renders_stages():
             opts = [o for o in opts if o["stages"] == 1]
     elif schedule == "v1":

@@ -13,7 +13,8 @@ above their blocks.  The bound is Cauchy-Schwarz's,
 (``templates/include/attncompiler/row_norms.cuh``), on torch's current stream: one read of q and k at
 full bandwidth, leaving the largest squared row norms per (b, h) of q and per (b, h_kv) of k in a float32
 table that ``AttnParams.score_bound`` points to.  A NaN or inf in a head's q or k rows makes its entry
-non-finite, and the kernel then skips nothing for that head.  :func:`score_bound_reference` is the same
+non-finite, and the kernel then skips nothing for that head.  Both forward schedules use it (v2 and v3:
+``templates/include/attncompiler/score_skip.cuh``).  :func:`score_bound_reference` is the same
 bound in torch (tests, documentation).
 """
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["BOUND_MARGIN", "NORMS_ENTRY", "launch_row_norms", "row_norms_grid", "score_bound_reference"]
+__all__ = ["BOUND_MARGIN", "NORMS_ENTRY", "launch_row_norms", "prepare_score_skip", "row_norms_grid",
+           "score_bound_reference"]
 
 #: relative margin on the product of the largest norms (kScoreBoundMargin in v3_fwd.cuh)
 BOUND_MARGIN = 1.0 + 2.0**-10
-#: the row-norm kernel's entry in a v3 translation unit rendered with score_skip
+#: the row-norm kernel's entry in a v2 or v3 translation unit rendered with score_skip
 NORMS_ENTRY = "attn_row_norms"
 _THREADS = 256   # RowNorms<D>::kThreads
 _loaded: dict[tuple[Any, int], Any] = {}  # attn_row_norms by (kernel source, device)
@@ -36,12 +38,14 @@ _PASSES = 8      # RowNorms<D>::kPasses
 
 def row_norms_grid(head_dim: int, B: int, H: int, H_kv: int, Nq: int, Nk: int) -> tuple[int, int, int]:
     """(row chunks, B*H + B*H_kv, 1): RowNorms<D>::kRowsPerCta rows of one (tensor, b, h) per CTA."""
-    rows_per_cta = _THREADS // (head_dim // 8) * _PASSES
+    chunks = head_dim // 8
+    group = 1 << max(0, (chunks - 1).bit_length())  # RowNorms<D>::kGroup: lanes per row, a power of two
+    rows_per_cta = _THREADS // min(group, 32) * _PASSES
     return (-(-max(Nq, Nk) // rows_per_cta), B * H + B * H_kv, 1)
 
 
 def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch.device) -> torch.Tensor:
-    """Run ``attn_row_norms`` of the v3 kernel source ``ks`` on q and k (``params`` holds their pointers and
+    """Run ``attn_row_norms`` of the forward kernel source ``ks`` on q and k (``params`` holds their pointers and
     strides) and point ``params.score_bound`` at the result: float32 (B*H + B*H_kv,), the largest squared row
     norms of q per (b, h), then of k per (b, h_kv).  Returns the table (keep it until the launch is queued)."""
     from .compiler import compile_functions
@@ -58,6 +62,17 @@ def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch
         launch_structs(fn.ptr, grid, _THREADS, 0, (params, out), device)
     params.score_bound = table.data_ptr()
     return table
+
+
+def prepare_score_skip(ks: Any, dims: Any, params: ctypes.Structure, device: torch.device) -> torch.Tensor | None:
+    """A schedule's ``prepare_forward`` (v2, v3): for a plan with the score skip and at least
+    :data:`attncompiler.plan.scoreskip.SCORE_SKIP_MIN_KEYS` keys, :func:`launch_row_norms`; else None (null
+    ``score_bound``: the kernel skips nothing)."""
+    from ..plan.scoreskip import SCORE_SKIP_MIN_KEYS
+
+    if not getattr(ks.plan, "score_skip", False) or dims.Nk < SCORE_SKIP_MIN_KEYS:
+        return None
+    return launch_row_norms(ks, dims, params, device)
 
 
 def score_bound_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -68,9 +68,6 @@ template <> struct ac_type_traits<__nv_bfloat16> {
   }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ float2 unpack2(unsigned int w) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  }
   static constexpr bool kIsBf16 = true;
 };
 template <> struct ac_type_traits<__half> {
@@ -80,8 +77,5 @@ template <> struct ac_type_traits<__half> {
   }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ float2 unpack2(unsigned int w) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
-  }
   static constexpr bool kIsBf16 = false;
 };

@@ -3,8 +3,9 @@
 //
 // out (float32, zeroed by the caller): out[b * H + h] = max_i |q[b, h, i]|^2, then
 // out[B * H + b * H_kv + h] = max_j |k[b, h, j]|^2. Grid (ceil(rows / kRowsPerCta), B * H + B * H_kv),
-// kThreads threads: D / 8 consecutive lanes share a row (16-byte loads of 8 elements; the launcher's
-// checks give a contiguous head dim and 16-byte aligned rows), kPasses rows per thread group in flight.
+// kThreads threads: a group of kGroup consecutive lanes (D / 8 rounded up to a power of two) shares a
+// row, its first D / 8 lanes loading 16 bytes (8 elements) each (the launcher's checks give a contiguous
+// head dim and 16-byte aligned rows); kPasses rows per group in flight.
 // The maxima run on the floats' bit patterns as ints (non-negative floats order like their bits) with
 // every NaN made 0x7fffffff, so a NaN or inf anywhere in a head's rows reaches its entry (fmaxf would
 // drop a NaN) and the skip then stays off for that head.
@@ -17,11 +18,13 @@ namespace ac {
 template <int D>
 struct RowNorms {
   static constexpr int kThreads = 256;
-  static constexpr int kLanesPerRow = D / 8;                     // 16-byte chunks per row
-  static constexpr int kRowsPerPass = kThreads / kLanesPerRow;
+  static constexpr int kChunks = D / 8;                          // 16-byte chunks per row
+  static constexpr int kGroup = kChunks <= 1 ? 1 : kChunks <= 2 ? 2 : kChunks <= 4 ? 4 : kChunks <= 8 ? 8
+                                : kChunks <= 16 ? 16 : 32;       // lanes per row: a power of two
+  static constexpr int kRowsPerPass = kThreads / kGroup;
   static constexpr int kPasses = 8;
   static constexpr int kRowsPerCta = kRowsPerPass * kPasses;
-  static_assert(D % 64 == 0 && D <= 256, "rows of 64..256 elements: 8..32 lanes per row, inside one warp");
+  static_assert(D % 8 == 0 && D >= 8 && D <= 256, "rows of 8..256 elements in 16-byte chunks, inside one warp");
 };
 
 __device__ __forceinline__ int ac_norm_bits(float x) { return x != x ? 0x7fffffff : __float_as_int(x); }
@@ -39,24 +42,24 @@ __device__ __forceinline__ void row_norms(const AttnParams& p, float* out) {
   const ac_elem_t* base = reinterpret_cast<const ac_elem_t*>(is_q ? p.q : p.k) +
                           b * (is_q ? p.q_sb : p.k_sb) + h * (is_q ? p.q_sh : p.k_sh);
   const long long sn = is_q ? p.q_sn : p.k_sn;
-  const int lane_in_row = threadIdx.x % R::kLanesPerRow;
-  const int row0 = blockIdx.x * R::kRowsPerCta + threadIdx.x / R::kLanesPerRow;
+  const int lane_in_row = threadIdx.x % R::kGroup;
+  const int row0 = blockIdx.x * R::kRowsPerCta + threadIdx.x / R::kGroup;
   int best = 0;
 #pragma unroll
   for (int it = 0; it < R::kPasses; ++it) {
     const int r = row0 + it * R::kRowsPerPass;
     float ss = 0.f;
-    if (r < rows) {
+    if (r < rows && lane_in_row < R::kChunks) {
       const uint4 c = *reinterpret_cast<const uint4*>(base + r * sn + 8 * lane_in_row);
-      const unsigned int w[4] = {c.x, c.y, c.z, c.w};
+      const ac_elem_t* e = reinterpret_cast<const ac_elem_t*>(&c);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = Tr::unpack2(w[i]);
-        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+      for (int i = 0; i < 8; ++i) {
+        const float f = Tr::to_float(e[i]);
+        ss = fmaf(f, f, ss);
       }
     }
 #pragma unroll
-    for (int o = R::kLanesPerRow / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    for (int o = R::kGroup / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     best = max(best, ac_norm_bits(ss));
   }
 #pragma unroll

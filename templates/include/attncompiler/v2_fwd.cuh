@@ -26,10 +26,11 @@
 // and the ragged last tile), so the common path carries no index arithmetic.
 //
 // Requires (from the prelude): ac_elem_t, AttnParams, AttnBuffers, Variant; Cfg supplies
-// D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS, STAGES.
+// D, DV, BLOCK_M, BLOCK_N, NUM_WARPS, Q_IN_REGS, STAGES, SCORE_SKIP (score_skip.cuh).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
+#include "attncompiler/score_skip.cuh"
 
 namespace ac {
 
@@ -327,6 +328,17 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
 
   // Prologue: Q and the first K tile (and, with two stages, the first V tile).
   load_tile_rows_async<BM, D, L::QS, L::NTHREADS>(smem0, gQ, p.q_sn, q_rows, tid);
+  if constexpr (Cfg::SCORE_SKIP) {
+    // The score skip (score_skip.cuh; its two global loads run while Q's copies fly): the ascending walk
+    // starts above the blocks whose every P is below 2^-136 of the row's final offset. Here they would
+    // come first, at lower running maxima, and be scaled down to that later, so leaving them out changes
+    // the sums by less than their fp32 rounding. Every thread computes the same value.
+    static_assert(!Cfg::SCORE_SKIP || (Variant::kHasScoreMod && Variant::kScoreSeparable &&
+                                       Variant::kScoreSepLinear && !Variant::kStaticMax),
+                  "the score skip needs a separable score_mod with a linear column term");
+    const int j_skip = score_skip_begin<BN>(b, h, q0, q_hi, p, buf, j, j_end, 0.f);
+    if (j_skip > j) j = Variant::kHasMask ? kv_next_block<BN>(j_skip, j_end, b, h, q0, q_hi, p, buf) : j_skip;
+  }
   if (j < j_end) {
     load_tile_rows_async<BN, D, L::KS, L::NTHREADS>(sK0, gK + (long long)j * BN * p.k_sn, p.k_sn,
                                                     p.Nk - j * BN, tid);

@@ -40,6 +40,7 @@
 #pragma once
 
 #include "attncompiler/ranges.cuh"
+#include "attncompiler/score_skip.cuh"
 #include "attncompiler/v3_consumer.cuh"
 #include "attncompiler/v3_trace.cuh"
 
@@ -65,59 +66,17 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
   }
 }
 
-// K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/v3.py; the bound: runtime/scoreskip.py).
-// A separable score_mod with a linear column term (ALiBi) feeds the softmax, in log2 units,
-//   x(q, kv) = coef * s + slope * kv + R(q)          (s = q . k, the raw dot product),
-// and |s| <= S = |q|max |k|max (1 + 2^-10) by Cauchy-Schwarz, from the largest squared row norms of q and
-// k that attn_row_norms (row_norms.cuh) leaves in p.score_bound per call (the factor covers their fp32
-// rounding and that of the dot products).
-// kv_ref is a key every row of the tile sees: Nk - 1 without a mask; with one, the first key of the
-// highest of the top kSkipRefSearch blocks that tile_class proves FULL for the tile's rows. With
-// slope > 0 the descending walk visits kv_ref's block before every lower one, and the lazy rescale
-// keeps each row's offset m within kRescaleSlack of the largest x seen, so m >= x(q, kv_ref) -
-// kRescaleSlack >= slope kv_ref - |coef| S + R(q) - kRescaleSlack. A key with
-//   slope (kv_ref - kv) >= 2 |coef| S + kRescaleSlack + kUnderflowLog2
-// then has x - m <= -kUnderflowLog2 in every row: exp2 returns exactly 0 for it (ex2.approx.ftz flushes
-// results below 2^-126, ac_exp2_poly clamps at -127), so O, l and the LSE are bit-identical without its
-// block, and the walk starts above it. (Like a key of an EMPTY block, a skipped key then contributes
-// nothing, not even a NaN of its v row, where the full walk would add 0 * NaN.) A NaN or infinite
-// bound (a non-finite q or k), slope <= 0 or no FULL block skips nothing. Returns the walk's first
-// block, in [j_begin, the reference block]: the walk's first visited block (j_end - 1 without a mask,
-// the highest non-EMPTY one with a mask, never below a FULL one) is never skipped.
-constexpr float kUnderflowLog2 = 136.f;  // exp2's flush at 2^-127, plus 9 for the fp32 rounding of x and m
-constexpr int kSkipRefSearch = 4;         // top blocks searched for a FULL one (the diagonal's, with a mask)
-constexpr float kScoreBoundMargin = 1.f + 1.f / 1024.f;
+// K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/scoreskip.py; score_skip.cuh has the
+// argument). Here the offset is the lazy one (kRescaleSlack), and with slope > 0 the descending walk
+// visits the reference key's block before every lower one, so a skipped key's exp2 would have been
+// exactly 0 when its block came: O, l and the LSE are bit-identical without it.
 template <class Cfg>
 __device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                              const AttnBuffers& buf, int j_begin, int j_end) {
   static_assert(!Cfg::SCORE_SKIP || (Cfg::KV_DESCENDING && Variant::kHasScoreMod && Variant::kScoreSeparable &&
                                      Variant::kScoreSepLinear && !Variant::kStaticMax),
                 "the score skip needs a separable score_mod with a linear column term and the descending walk");
-  constexpr int BN = Cfg::BLOCK_N;
-  if (p.score_bound == nullptr || j_end - j_begin < 2) return j_begin;
-  const float slope = Variant::score_sep_slope(b, h, p, buf);
-  if (!(slope > 0.f)) return j_begin;
-  int j_ref = j_end - 1, kv_ref = p.Nk - 1;
-  if constexpr (Variant::kHasMask) {
-    j_ref = -1;
-    for (int j = j_end - 1; j >= j_begin && j >= j_end - kSkipRefSearch; --j) {
-      if (Variant::tile_class(b, h, q_lo, q_hi, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf) == AC_TILE_FULL) {
-        j_ref = j;
-        break;
-      }
-    }
-    if (j_ref < 0) return j_begin;
-    kv_ref = j_ref * BN;
-  }
-  const float coef = fabsf(Variant::score_sep_coef(b, h, p, buf));
-  const float q_sq = p.score_bound[b * p.H + h];
-  const float k_sq = p.score_bound[p.B * p.H + b * p.H_kv + h / (p.H / p.H_kv)];
-  const float bound = sqrtf(q_sq) * sqrtf(k_sq) * kScoreBoundMargin;
-  const float need = 2.f * coef * bound + (V3Consumer<Cfg>::kRescaleSlack + kUnderflowLog2);
-  const float dist = need / slope;  // keys below kv_ref - dist underflow
-  if (!(dist < 1.0e9f)) return j_begin;
-  const int keep = kv_ref - __float2int_ru(dist) + 1;  // keys < keep are skipped: blocks below keep / BN
-  return keep > 0 ? min(max(j_begin, keep / BN), j_ref) : j_begin;
+  return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
 }
 
 // The epilogue of one consumer warpgroup: O / l to global memory, and the LSE.
