@@ -99,11 +99,14 @@ def test_bound_is_not_finite_where_inputs_are_not():
 
 
 @pytest.mark.parametrize("d, group", [(16, 2), (64, 8), (80, 16), (96, 16), (128, 16), (192, 32), (256, 32)])
-@pytest.mark.parametrize("Nq, Nk", [(1, 1), (255, 4097), (16384, 100), (333, 333)])
+@pytest.mark.parametrize("Nq, Nk", [(1, 1), (255, 4097), (16384, 100), (333, 333), (5, 2**31 - 2000)])
 def test_row_norms_grid_covers_every_row(d, group, Nq, Nk):
     gx, gy, gz = row_norms_grid(d, 2, 8, 2, Nq, Nk)
     rows_per_cta = 256 // group * 8  # RowNorms<D>: kThreads / kGroup rows per pass, kPasses passes
-    assert gx * rows_per_cta >= max(Nq, Nk) > (gx - 1) * rows_per_cta and (gy, gz) == (2 * 8 + 2 * 2, 1)
+    chunks = -(-max(Nq, Nk) // rows_per_cta)
+    assert (gx, gz) == (2 * 8 + 2 * 2, 1) and gy == min(chunks, 65535)  # CTAs loop over every gy-th chunk
+    # one (b, h) per x, so B * H up to the launcher's 65535 (and as many k heads) fit: x goes to 2^31 - 1
+    assert row_norms_grid(d, 1, 65535, 65535, 10, 10)[0] == 131070
 
 
 def _skip_begin(kv_ref: int, j_begin: int, j_end: int, j_ref: int, bn: int, coef: float, slope: float,

@@ -34,14 +34,16 @@ NORMS_ENTRY = "attn_row_norms"
 _THREADS = 256   # RowNorms<D>::kThreads
 _loaded: dict[tuple[Any, int], Any] = {}  # attn_row_norms by (kernel source, device)
 _PASSES = 8      # RowNorms<D>::kPasses
+_MAX_GRID_Y = 65535
 
 
 def row_norms_grid(head_dim: int, B: int, H: int, H_kv: int, Nq: int, Nk: int) -> tuple[int, int, int]:
-    """(row chunks, B*H + B*H_kv, 1): RowNorms<D>::kRowsPerCta rows of one (tensor, b, h) per CTA."""
+    """(B*H + B*H_kv, row chunks, 1): RowNorms<D>::kRowsPerCta rows of one (tensor, b, h) per chunk, at most
+    65535 chunks (the grid's y limit; a CTA then loops over every gridDim.y-th chunk)."""
     chunks = head_dim // 8
     group = 1 << max(0, (chunks - 1).bit_length())  # RowNorms<D>::kGroup: lanes per row, a power of two
     rows_per_cta = _THREADS // min(group, 32) * _PASSES
-    return (-(-max(Nq, Nk) // rows_per_cta), B * H + B * H_kv, 1)
+    return (B * H + B * H_kv, max(1, min(-(-max(Nq, Nk) // rows_per_cta), _MAX_GRID_Y)), 1)
 
 
 def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch.device) -> torch.Tensor:
