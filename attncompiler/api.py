@@ -267,7 +267,7 @@ class CompiledAttention:
         ws = torch.empty(ws_n, device=q.device, dtype=torch.float32) if ws_n else None
         P, Bf = pack_params(q, k, v, o, lse, ws, dims, scale=sc, dropout_p=p_drop, seed=seed, offset=offset,
                             ir=self.ir, buffers=bufs)
-        # per-call inputs a schedule derives from q, k, v (v3's score bound); alive until the launch is queued
+        # per-call inputs a schedule derives from q, k, v (the score skip's bound); alive until the launch is queued
         prepare = getattr(sched, "prepare_forward", None)
         extra = prepare(self.kernel_source, dims, P, q, k, v) if prepare is not None else None
         with torch.cuda.device(q.device):

@@ -41,7 +41,7 @@ class KernelSource:
 class Schedule(Protocol):
     """What every schedule provides.  Optional: ``launch_forward(ks, dims, params, buffers, device)`` to
     launch more than the one kernel (or more arguments), and ``prepare_forward(ks, dims, params, q, k, v)``
-    to fill per-call parameters derived from the inputs (v3: the score skip's bound), returning what must
+    to fill per-call parameters derived from the inputs (v2, v3: the score skip's bound), returning what must
     stay alive until the launch is queued."""
 
     name: str
