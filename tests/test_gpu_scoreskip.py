@@ -210,7 +210,7 @@ def test_row_norm_kernel(d, dtype, H_kv, layout):
                        buffers=prepare_buffers(kern.ir, kern._buffers, q.device))
     table = launch_row_norms(kern.kernel_source, dims, P, q.device)
     torch.cuda.synchronize()
-    assert P.score_bound == table.data_ptr() and table.shape == (B * H + B * H_kv,)
+    assert P.row_norms_sq == table.data_ptr() and table.shape == (B * H + B * H_kv,)
     want_q = q.float().square().sum(-1).amax(-1).flatten()
     want_k = k.float().square().sum(-1).amax(-1).flatten()
     torch.testing.assert_close(table[: B * H], want_q, rtol=1e-5, atol=0)

@@ -8,6 +8,7 @@ from ..ir.types import AttentionIR
 from ..plan.planner import plan_v2
 from ..plan.targets import Target
 from ..runtime.launch import AttnInputs
+from ..runtime.scoreskip import prepare_score_skip
 from .hooks import render_prelude
 from .render import render_source
 from .schedule import KernelSource
@@ -51,11 +52,7 @@ class V2Schedule:
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0
 
-    def prepare_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, q: Any, k: Any, v: Any) -> Any:
-        """The score skip's bound (:func:`attncompiler.runtime.scoreskip.prepare_score_skip`)."""
-        from ..runtime.scoreskip import prepare_score_skip
-
-        return prepare_score_skip(ks, dims, params, q.device)
+    prepare_forward = staticmethod(prepare_score_skip)  # the score skip's per-call row norms
 
 
 SCHEDULE = V2Schedule()

@@ -17,6 +17,7 @@ from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from ..plan.v3 import V3Plan, plan_v3
 from ..runtime.launch import AttnInputs
+from ..runtime.scoreskip import prepare_score_skip
 from .hooks import render_prelude
 from .render import render_source
 from .schedule import KernelSource, ScheduleError
@@ -74,12 +75,7 @@ class V3Schedule:
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0
 
-    def prepare_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor) -> torch.Tensor | None:
-        """The score skip's bound (:func:`attncompiler.runtime.scoreskip.prepare_score_skip`)."""
-        from ..runtime.scoreskip import prepare_score_skip
-
-        return prepare_score_skip(ks, dims, params, q.device)
+    prepare_forward = staticmethod(prepare_score_skip)  # the score skip's per-call row norms
 
     def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
                        device: torch.device) -> None:

@@ -306,8 +306,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                 " (KV_DESCENDING_SEPARABLE: a separable score_mod's column term, ALiBi's slope * kv, peaks at the "
                 "last block, so the lazy rescale rarely moves the offset after it)" if sep_any else "")
     reasons.append(f"K/V blocks visited {'from the last down' if desc else 'in ascending order'}{why_desc}")
-    why_not = ("a bounded score_mod (fixed softmax offset)" if static else
-               "" if desc else "the K/V walk is ascending (the skip needs the largest column term visited first)")
+    why_not = "" if desc else "the K/V walk is ascending (the skip needs the largest column term visited first)"
     skip, why_skip = score_skip_choice(ir_or_dims, "v3", score_skip, why_not)
     reasons.append(why_skip)
     if block_n is None and pref < BLOCK_N_CHOICES[0]:

@@ -63,8 +63,8 @@ PARAM_FIELDS: tuple[CField, ...] = (
     CField("offset", "unsigned long long", "Philox counter offset (low 32 bits used)"),
     CField("cu_seqlens_q", "const int*", "varlen: (B+1) query row offsets, int32; null otherwise (runtime/varlen.py)"),
     CField("cu_seqlens_k", "const int*", "varlen: (B+1) key row offsets, int32; null otherwise"),
-    CField("score_bound", "const float*", "(B, H) float32: a bound on |q . k| per (b, h), for the v3 score skip "
-           "(runtime/scoreskip.py); null otherwise"),
+    CField("row_norms_sq", "const float*", "score skip: the largest squared row norms of q per (b, h), then of k per "
+           "(b, h_kv), float32 (runtime/scoreskip.py); null: nothing is skipped"),
 )
 
 #: The backward kernels' extra parameters (``struct AttnBwdParams``), passed after AttnParams.

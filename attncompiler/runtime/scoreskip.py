@@ -1,9 +1,9 @@
-"""The per-call input of the v3 score skip (plan option ``score_skip``).
+"""The per-call input of the score skip (v2 and v3 forward, plan option ``score_skip``).
 
 A separable score_mod with a column term linear in the key position (ALiBi) feeds the softmax
 ``x = coef * (q . k) + slope * kv + R(q)`` (log2 units).  Keys far enough below a key the row sees
 have ``exp2(x - m) = 0`` exactly, whatever the dot product, once ``|q . k|`` is bounded; the kernel
-(``v3_skip_begin`` in ``templates/include/attncompiler/v3_fwd.cuh``) then starts each tile's walk
+(``score_skip_begin`` in ``templates/include/attncompiler/score_skip.cuh``) then starts each tile's walk
 above their blocks.  The bound is Cauchy-Schwarz's,
 
     |q[b, h, i] . k[b, h_kv, j]| <= max_i |q[b, h, i]| * max_j |k[b, h_kv, j]| * (1 + 2^-10)
@@ -12,10 +12,9 @@ above their blocks.  The bound is Cauchy-Schwarz's,
 2^13).  Per call, :func:`launch_row_norms` runs the translation unit's second kernel, ``attn_row_norms``
 (``templates/include/attncompiler/row_norms.cuh``), on torch's current stream: one read of q and k at
 full bandwidth, leaving the largest squared row norms per (b, h) of q and per (b, h_kv) of k in a float32
-table that ``AttnParams.score_bound`` points to.  A NaN or inf in a head's q or k rows makes its entry
-non-finite, and the kernel then skips nothing for that head.  Both forward schedules use it (v2 and v3:
-``templates/include/attncompiler/score_skip.cuh``).  :func:`score_bound_reference` is the same
-bound in torch (tests, documentation).
+table that ``AttnParams.row_norms_sq`` points to.  A NaN or inf in a head's q or k rows makes its entry
+non-finite, and the kernel then skips nothing for that head.  :func:`score_bound_reference` is the
+same bound in torch (tests, documentation).
 """
 from __future__ import annotations
 
@@ -27,14 +26,14 @@ import torch
 __all__ = ["BOUND_MARGIN", "NORMS_ENTRY", "launch_row_norms", "prepare_score_skip", "row_norms_grid",
            "score_bound_reference"]
 
-#: relative margin on the product of the largest norms (kScoreBoundMargin in v3_fwd.cuh)
+#: relative margin on the product of the largest norms (ScoreSkip::kBoundMargin in score_skip.cuh)
 BOUND_MARGIN = 1.0 + 2.0**-10
 #: the row-norm kernel's entry in a v2 or v3 translation unit rendered with score_skip
 NORMS_ENTRY = "attn_row_norms"
 _THREADS = 256   # RowNorms<D>::kThreads
-_loaded: dict[tuple[Any, int], Any] = {}  # attn_row_norms by (kernel source, device)
 _PASSES = 8      # RowNorms<D>::kPasses
 _MAX_GRID_Y = 65535
+_loaded: dict[tuple[Any, int], Any] = {}  # attn_row_norms by (kernel source, device)
 
 
 def row_norms_grid(head_dim: int, B: int, H: int, H_kv: int, Nq: int, Nk: int) -> tuple[int, int, int]:
@@ -48,7 +47,7 @@ def row_norms_grid(head_dim: int, B: int, H: int, H_kv: int, Nq: int, Nk: int) -
 
 def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch.device) -> torch.Tensor:
     """Run ``attn_row_norms`` of the forward kernel source ``ks`` on q and k (``params`` holds their pointers and
-    strides) and point ``params.score_bound`` at the result: float32 (B*H + B*H_kv,), the largest squared row
+    strides) and point ``params.row_norms_sq`` at the result: float32 (B*H + B*H_kv,), the largest squared row
     norms of q per (b, h), then of k per (b, h_kv).  Returns the table (keep it until the launch is queued)."""
     from .compiler import compile_functions
     from .launch import launch_structs
@@ -56,25 +55,27 @@ def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch
     idx = device.index if device.index is not None else torch.cuda.current_device()
     fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
     if fn is None:
-        fn = _loaded.setdefault((ks, idx), compile_functions(ks.source, ks.arch, idx, (ks.entry, NORMS_ENTRY))[NORMS_ENTRY])
+        loaded = compile_functions(ks.source, ks.arch, idx, (ks.entry, NORMS_ENTRY))[NORMS_ENTRY]
+        fn = _loaded.setdefault((ks, idx), loaded)
     table = torch.zeros(dims.B * dims.H + dims.B * dims.H_kv, device=device, dtype=torch.float32)
     out = ctypes.c_void_p(table.data_ptr())
     grid = row_norms_grid(dims.D, dims.B, dims.H, dims.H_kv, dims.Nq, dims.Nk)
     with torch.cuda.device(device):
         launch_structs(fn.ptr, grid, _THREADS, 0, (params, out), device)
-    params.score_bound = table.data_ptr()
+    params.row_norms_sq = table.data_ptr()
     return table
 
 
-def prepare_score_skip(ks: Any, dims: Any, params: ctypes.Structure, device: torch.device) -> torch.Tensor | None:
-    """A schedule's ``prepare_forward`` (v2, v3): for a plan with the score skip and at least
-    :data:`attncompiler.plan.scoreskip.SCORE_SKIP_MIN_KEYS` keys, :func:`launch_row_norms`; else None (null
-    ``score_bound``: the kernel skips nothing)."""
+def prepare_score_skip(ks: Any, dims: Any, params: ctypes.Structure, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor) -> torch.Tensor | None:
+    """The v2 and v3 schedules' ``prepare_forward``: for a plan with the score skip and at least
+    :data:`attncompiler.plan.scoreskip.SCORE_SKIP_MIN_KEYS` keys, :func:`launch_row_norms` (params holds q's
+    and k's pointers); else None (null ``row_norms_sq``: the kernel skips nothing)."""
     from ..plan.scoreskip import SCORE_SKIP_MIN_KEYS
 
     if not getattr(ks.plan, "score_skip", False) or dims.Nk < SCORE_SKIP_MIN_KEYS:
         return None
-    return launch_row_norms(ks, dims, params, device)
+    return launch_row_norms(ks, dims, params, q.device)
 
 
 def score_bound_reference(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 // attncompiler/row_norms.cuh -- the largest squared row norm of q per (b, h) and of k per (b, h_kv): the
-// per-call input of v3's score skip (attncompiler/runtime/scoreskip.py, v3_skip_begin in v3_fwd.cuh).
+// per-call input of the score skip (attncompiler/runtime/scoreskip.py, score_skip_begin in score_skip.cuh).
 //
 // out (float32, zeroed by the caller): out[b * H + h] = max_i |q[b, h, i]|^2, then
 // out[B * H + b * H_kv + h] = max_j |k[b, h, j]|^2. Grid (B * H + B * H_kv, row chunks of kRowsPerCta rows, at

@@ -5,7 +5,7 @@
 // A separable score_mod with a linear column term (ALiBi) feeds the softmax, in log2 units,
 //   x(q, kv) = coef * s + slope * kv + R(q)          (s = q . k, the raw dot product),
 // and |s| <= S = |q|max |k|max (1 + 2^-10) by Cauchy-Schwarz, from the largest squared row norms of q and
-// k that attn_row_norms leaves in p.score_bound per call (the factor covers their fp32 rounding and that
+// k that attn_row_norms leaves in p.row_norms_sq per call (the factor covers their fp32 rounding and that
 // of the dot products). kv_ref is a key every row of the tile sees: Nk - 1 without a mask; with one, the
 // first key of the highest of the top ScoreSkip::kRefSearch blocks that tile_class proves FULL for the tile's
 // rows. Every row visits kv_ref, so its softmax offset ends at least at x(q, kv_ref) - slack (slack: how
@@ -36,7 +36,7 @@ __device__ __forceinline__ int score_skip_begin(int b, int h, int q_lo, int q_hi
   constexpr float kUnderflowLog2 = ScoreSkip::kUnderflowLog2;
   constexpr int kSkipRefSearch = ScoreSkip::kRefSearch;
   constexpr float kScoreBoundMargin = ScoreSkip::kBoundMargin;
-  if (p.score_bound == nullptr || j_end - j_begin < 2) return j_begin;
+  if (p.row_norms_sq == nullptr || j_end - j_begin < 2) return j_begin;
   const float slope = Variant::score_sep_slope(b, h, p, buf);
   if (!(slope > 0.f)) return j_begin;
   int j_ref = j_end - 1, kv_ref = p.Nk - 1;
@@ -52,8 +52,8 @@ __device__ __forceinline__ int score_skip_begin(int b, int h, int q_lo, int q_hi
     kv_ref = j_ref * BN;
   }
   const float coef = fabsf(Variant::score_sep_coef(b, h, p, buf));
-  const float q_sq = p.score_bound[b * p.H + h];
-  const float k_sq = p.score_bound[p.B * p.H + b * p.H_kv + h / (p.H / p.H_kv)];
+  const float q_sq = p.row_norms_sq[b * p.H + h];
+  const float k_sq = p.row_norms_sq[p.B * p.H + b * p.H_kv + h / (p.H / p.H_kv)];
   const float bound = sqrtf(q_sq) * sqrtf(k_sq) * kScoreBoundMargin;
   const float need = 2.f * coef * bound + (slack + kUnderflowLog2);
   const float dist = need / slope;  // keys below kv_ref - dist underflow
