@@ -12,7 +12,7 @@ import torch
 import attncompiler as ac
 from attncompiler.codegen import hooks
 from attncompiler.ir.build import build_ir
-from attncompiler.ir.scoreform import DIST_KV, DIST_Q, Q_REF, score_form
+from attncompiler.ir.scoreform import DIST_KV, DIST_Q, Q_REF, q_scale_form, score_form
 from attncompiler.spec import presets
 from attncompiler.spec.symbols import B, H, KV_IDX, Q_IDX
 
@@ -119,3 +119,55 @@ def test_softcap_factor_hook():
 def test_no_score_mod_defaults():
     text = hooks.render_prelude(build_ir(presets.causal(64)))
     assert "kScoreLog2Factor = 1.0f" in text and "kScoreSeparable = false" in text
+
+
+ACC = sympy.Symbol("ac_acc", real=True)
+SC = sympy.Symbol("aa_scale", positive=True)
+ALLOWED = frozenset({SC, B, H})
+
+
+@pytest.mark.parametrize("inner, c, g", [
+    (sympy.tanh(SC * ACC / 30), SC / 30, sympy.tanh(ACC)),                       # softcap
+    (sympy.tanh(SC * ACC / (30 + H)), SC / (30 + H), sympy.tanh(ACC)),           # a cap per head
+    (sympy.tanh(SC * ACC / 30) + SC * ACC / 30, SC / 30, ACC + sympy.tanh(ACC)),
+    (sympy.tanh(SC * ACC / 30) ** 2 + KV_IDX * sympy.sin(SC * ACC / 30), SC / 30,
+     sympy.tanh(ACC) ** 2 + KV_IDX * sympy.sin(ACC)),                          # positions may sit outside c
+])
+def test_q_scale_form_finds_the_inner_scale(inner, c, g):
+    """inner = G(c * acc): c and G, and G(c * acc) is inner again."""
+    got = q_scale_form(inner, ACC, ALLOWED)
+    assert got is not None
+    assert sympy.simplify(got[0] - c) == 0 and sympy.simplify(got[1] - g) == 0
+    assert sympy.simplify(got[1].subs(ACC, got[0] * ACC) - inner) == 0
+
+
+@pytest.mark.parametrize("inner", [
+    SC * ACC,                                    # the identity: the plain softmax already folds the scale
+    sympy.tanh(SC * ACC * Q_IDX),                # c depends on the query position
+    sympy.tanh(SC * ACC / (1 + KV_IDX)),         # ... or the key position
+    sympy.tanh(SC * ACC) + ACC ** 2,             # acc outside c * acc
+    sympy.tanh(sympy.Function("buf")(H) * ACC),  # c reads a buffer
+    sympy.Integer(3) + Q_IDX,                    # no acc at all
+])
+def test_q_scale_form_refuses(inner):
+    assert q_scale_form(inner, ACC, ALLOWED) is None
+
+
+def test_q_scale_hooks():
+    """softcap prints c = scale / cap and G = tanh; ALiBi (separable) and plain take no Q scale."""
+    src = hooks.render_prelude(build_ir(presets.softcap(30.0, 128)))
+    assert "static constexpr bool kScoreQScale = true;" in src
+    assert "{ return 0.033333335f * p.scale; }" in src
+    assert "return ac_tanhf(s);" in src
+    for spec in (presets.alibi(SLOPES, 128), presets.plain(128)):
+        assert "static constexpr bool kScoreQScale = false;" in hooks.render_prelude(build_ir(spec))
+    assert hooks.q_scale_of(build_ir(presets.alibi(SLOPES, 128))) is None
+
+
+def test_q_scale_of_a_cap_per_head():
+    """A cap that depends on the head: c = scale / (20 (h + 1)); G keeps its own use of h."""
+    spec = ac.AttentionSpec(head_dim=128, score_mod=lambda s, b, h, q, kv: 20 * (h + 1) * torch.tanh(s / (20 * (h + 1))),
+                            name="cap_per_head")
+    c, g = hooks.q_scale_of(build_ir(spec))
+    assert sympy.simplify(c - hooks._SCALE / (20 * (H + 1))) == 0
+    assert H in g.free_symbols and hooks._SCALE not in g.free_symbols

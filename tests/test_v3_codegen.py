@@ -212,3 +212,43 @@ def test_nvcc_trace_marks_compile_in_only_when_asked():
     assert "%globaltimer" not in plain_ptx and "ac_v3_trace" not in plain_ptx
     rep = compile_with_nvcc("#define AC_V3_TRACE 1\n" + src, "sm_90a")
     assert rep.spill_stores == 0 and "C7520" not in rep.log, rep.log
+
+
+def test_plan_q_prescale():
+    """q_prescale is opt-in (c q rounded to bf16: plan/qscale.py); the reasons say why it is off, and forcing it
+    where the score_mod has no inner scale, or in fp16, is an error naming what was got."""
+    for spec, why in ((presets.softcap(30.0, 128), "opt-in, q_prescale=True"),
+                      (presets.softcap(30.0, 64), "opt-in, q_prescale=True"),
+                      (presets.softcap(30.0, 128, dtype="fp16"), "bf16 only"),
+                      (presets.plain(128), "no score_mod"),
+                      (presets.alibi(presets.alibi_slopes(4), 128), "not G(c * score)")):
+        q = plan_v3(build_ir(spec), "sm_90")
+        assert not q.q_prescale and q.options["q_prescale"] is False
+        assert any(r.startswith("Q prescale: off") and why in r for r in q.reasons), (spec.name, q.reasons)
+    p = plan_v3(build_ir(presets.softcap(30.0, 64)), "sm_90", q_prescale=True)
+    assert p.q_prescale and p.options["q_prescale"] is True
+    assert any(r.startswith("Q prescale: on (forced)") for r in p.reasons)
+    with pytest.raises(PlanError, match=r"q_prescale=True needs .*got dtype fp16"):
+        plan_v3(build_ir(presets.softcap(30.0, 128, dtype="fp16")), "sm_90", q_prescale=True)
+    with pytest.raises(PlanError, match=r"q_prescale=True needs .*got no score_mod"):
+        plan_v3(build_ir(presets.plain(128)), "sm_90", q_prescale=True)
+    with pytest.raises(PlanError, match="expected q_prescale a bool, got 'yes'"):
+        plan_v3(build_ir(presets.softcap(30.0, 128)), "sm_90", q_prescale="yes")
+    assert "static constexpr bool Q_PRESCALE = true;" in _render(presets.softcap(30.0, 128), q_prescale=True).source
+    assert "static constexpr bool Q_PRESCALE = false;" in _render(presets.softcap(30.0, 128)).source
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("head_dim, opts", [(64, {}), (64, {"block_m": 192}), (128, {}), (128, {"persistent": True}),
+                                            (256, {})])
+def test_nvcc_q_prescale(head_dim, opts):
+    """The Q scaling (v3_scale_q) compiles into every consumer shape: satfinite bf16x2 conversions, the proxy
+    fence before the wgmmas read the scaled rows, no spills, no serialized wgmma."""
+    spec = presets.softcap(30.0, head_dim)
+    src = _render(spec, q_prescale=True, **opts).source
+    assert "static constexpr bool Q_PRESCALE = true;" in src
+    ptx = _ptx(src)
+    assert "cvt.rn.satfinite.bf16x2.f32" in ptx and "fence.proxy.async.shared::cta" in ptx
+    rep = compile_with_nvcc(src, "sm_90a")
+    assert rep.spill_stores == 0 and rep.spill_loads == 0 and "C7520" not in rep.log, rep.log

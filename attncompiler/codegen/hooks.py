@@ -19,16 +19,16 @@ import sympy
 from ..ir.bounds import tile_classifier
 from ..ir.grad import GradError, score_grad_expr
 from ..ir.ranges import kv_range, q_range
-from ..ir.scoreform import DIST_KV, DIST_Q, Q_REF, ScoreForm, score_form
+from ..ir.scoreform import DIST_KV, DIST_Q, Q_REF, ScoreForm, q_scale_form, score_form
 from ..ir.scorerange import static_offset_window
 from ..ir.types import AttentionIR
-from ..spec.symbols import SCORE
+from ..spec.symbols import B, H, SCORE
 from ..runtime.params import PARAM_FIELDS, buffer_fields, c_struct
 from .cuda_printer import (
     FAST_INDEX_LIMIT, SYMBOL_NAMES, CudaPrinter, PrinterError, _buffer_kinds, print_cuda, uses_fast_index,
 )
 
-__all__ = ["render_prelude", "fast_index_limit", "score_form_of", "static_offset_of", "ELEM_TYPES"]
+__all__ = ["render_prelude", "fast_index_limit", "score_form_of", "static_offset_of", "q_scale_of", "ELEM_TYPES"]
 
 ELEM_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
 
@@ -80,6 +80,19 @@ def score_form_of(ir: AttentionIR) -> ScoreForm:
 
 
 @functools.lru_cache(maxsize=256)
+def q_scale_of(ir: AttentionIR) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``(c, G)`` when the score_mod's inner term (the factor form's, not a separable one) is ``G(c * acc)``
+    with ``c`` a function of ``p.scale``, b and h only (:func:`attncompiler.ir.scoreform.q_scale_form`):
+    the v3 forward may then scale its Q tile by ``c`` (plan option ``q_prescale``); else None."""
+    if ir.score_expr is None:
+        return None
+    form = score_form_of(ir)
+    if form.separable:
+        return None
+    return q_scale_form(form.inner, _ACC, frozenset({_SCALE, B, H}))
+
+
+@functools.lru_cache(maxsize=256)
 def static_offset_of(ir: AttentionIR) -> tuple[float, float] | None:
     """The window ``(m_lo, m_hi)`` (log2 units) of fixed softmax offsets a bounded score_mod allows in
     place of the running row maximum (:mod:`attncompiler.ir.scorerange`), or None."""
@@ -104,12 +117,23 @@ def _score_form_lines(ir: AttentionIR) -> list[str]:
     dq = "    const int ac_dq = q_ref - q_idx;\n" if linear else ""
     args = "int b, int h"
     static = static_offset_of(ir)
+    qs = q_scale_of(ir)
+    q_scale, inner_qs = (pr.print(qs[0], "float"), pr.print(qs[1], "float")) if qs else ("1.f", "s")
     return [
         "  // log2(e) * score_mod(s * p.scale) = kScoreLog2Factor * score_mod_log2_inner(...), kScoreLog2Factor > 0",
         f"  static constexpr float kScoreLog2Factor = {pr.print(form.factor, 'float')};",
         "  static __device__ __forceinline__ float score_mod_log2_inner(float s, int b, int h, int q_idx, int kv_idx,",
         f"                                                               {_HOOK_ARGS}) {{",
         f"    return {pr.print(form.inner, 'float')};",
+        "  }",
+        "  // inner = G(c * s) with c a function of p.scale, b and h only (ir/scoreform.py, q_scale_form): the v3",
+        "  // forward may multiply its Q tile by c = score_q_scale (plan option q_prescale) and take G of the dot",
+        "  // products, score_mod_log2_inner_qscaled",
+        f"  static constexpr bool kScoreQScale = {_bool(qs is not None)};",
+        f"  static __device__ __forceinline__ float score_q_scale({args}, {_HOOK_ARGS}) {{ return {q_scale}; }}",
+        "  static __device__ __forceinline__ float score_mod_log2_inner_qscaled(float s, int b, int h, int q_idx,",
+        f"                                                                      int kv_idx, {_HOOK_ARGS}) {{",
+        f"    return {inner_qs};",
         "  }",
         "  // separable: log2(e) * score_mod(s * p.scale) = coef * s + col(kv_idx, q_ref) + row(q_idx, q_ref) for any",
         "  // reference row q_ref; the row term drops out of the softmax (the kernels add it to the LSE).",

@@ -58,6 +58,7 @@ class V3Schedule:
             exp2_poly=plan.exp2_poly,
             kv_descending=plan.kv_descending,
             score_skip=plan.score_skip,
+            q_prescale=plan.q_prescale,
             smem_bytes=plan.smem_bytes,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target

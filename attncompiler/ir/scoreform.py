@@ -17,7 +17,12 @@ The forward kernels feed the online softmax with ``E = log2(e) * score_mod(acc *
   term is ``gamma * (kv - q_ref)``: one multiply-add per column from the tile's first column, with
   no large cancelling magnitudes (the distance ``kv - q_ref`` is formed in integers).
 
-:func:`score_form` finds these shapes symbolically (sympy); :mod:`attncompiler.codegen.hooks` prints
+:func:`q_scale_form` finds a third, **an inner scale**: ``F = G(c * acc)`` with ``c`` free of the positions
+and buffers (soft-capping: ``c = scale / cap``, ``G = tanh``).  Then ``c * acc = (c q) . k``, so a kernel may
+multiply its Q tile by ``c`` once and feed ``G`` the GEMM's output directly (one multiply less per score, off
+the chain from the S GEMM to the exponential).
+
+:func:`score_form` finds the first two shapes symbolically (sympy); :mod:`attncompiler.codegen.hooks` prints
 them as the Variant hooks ``kScoreLog2Factor`` / ``score_mod_log2_inner`` and ``kScoreSeparable`` /
 ``score_sep_coef`` / ``score_sep_slope`` / ``score_sep_col`` / ``score_sep_row``.
 """
@@ -29,7 +34,7 @@ import sympy
 
 from ..spec.symbols import KV_IDX, Q_IDX
 
-__all__ = ["ScoreForm", "score_form", "Q_REF", "DIST_KV", "DIST_Q"]
+__all__ = ["ScoreForm", "score_form", "q_scale_form", "Q_REF", "DIST_KV", "DIST_Q"]
 
 #: the reference query row of a row block (an int the kernel passes to the separable hooks)
 Q_REF = sympy.Symbol("q_ref", integer=True, nonnegative=True)
@@ -99,3 +104,23 @@ def score_form(expr: sympy.Expr, acc: sympy.Symbol) -> ScoreForm:
     col = C - C.subs(KV_IDX, Q_REF)
     row = R + C.subs(KV_IDX, Q_REF)
     return ScoreForm(factor=factor, inner=inner, separable=True, coef=coef, col=col, col_slope=None, row=row)
+
+
+def q_scale_form(inner: sympy.Expr, acc: sympy.Symbol, allowed: frozenset[sympy.Symbol]
+                 ) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``(c, G)`` with ``inner = G(c * acc)``, where ``c``'s free symbols lie in ``allowed`` (the kernel's
+    per-(batch, head) values: the scale, b, h) and ``G`` is written in ``acc`` (standing for ``c * acc``);
+    None when ``acc`` does not occur only as ``c * acc``, or when ``G`` is the identity (nothing to save:
+    the plain softmax already folds a scale into its exponential)."""
+    if acc not in inner.free_symbols:
+        return None
+    c = next((node / acc for node in sympy.preorder_traversal(inner)
+              if isinstance(node, sympy.Mul) and acc in node.args), None)
+    if c is None or c == 0 or acc in c.free_symbols or not c.free_symbols <= allowed or c.atoms(sympy.Function):
+        return None
+    t = sympy.Dummy("t", real=True)
+    g = inner.xreplace({acc: t / c})
+    leftover = {sym for sym in c.free_symbols if not sym.is_integer}  # the scale: it must cancel (b, h may stay)
+    if acc in g.free_symbols or g.free_symbols & leftover or g == t:
+        return None
+    return c, g.xreplace({t: acc})

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
+from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
 
@@ -85,7 +86,8 @@ PREFERRED_BLOCK_N_STATIC = {64: 144}
 EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
-V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip")
+V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
+              "q_prescale")
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -113,13 +115,14 @@ class V3Plan(Plan):
     exp2_poly: int = 0
     kv_descending: bool = False
     score_skip: bool = False
+    q_prescale: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
-                "score_skip": self.score_skip}
+                "score_skip": self.score_skip, "q_prescale": self.q_prescale}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -186,7 +189,8 @@ def _static_offset(ir_or_dims: Any) -> bool:
 def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
             persistent: bool | None = None, exp2_poly: int | None = None,
-            kv_descending: bool | None = None, score_skip: bool | None = None) -> V3Plan:
+            kv_descending: bool | None = None, score_skip: bool | None = None,
+            q_prescale: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -309,6 +313,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     why_not = "" if desc else "the K/V walk is ascending (the skip needs the largest column term visited first)"
     skip, why_skip = score_skip_choice(ir_or_dims, "v3", score_skip, why_not)
     reasons.append(why_skip)
+    qpre, why_qpre = q_prescale_choice(ir_or_dims, q_prescale)
+    reasons.append(why_qpre)
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")
@@ -318,7 +324,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=consumer_regs,
         ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
-        kv_descending=desc, score_skip=skip,
+        kv_descending=desc, score_skip=skip, q_prescale=qpre,
     )
 
 

@@ -201,6 +201,8 @@ struct V3Consumer {
           float x = acc_s[4 * nt + 2 * hf + e];
           if constexpr (kSep) {
             x = fmaf(x, sep_coef, col);
+          } else if constexpr (Variant::kHasScoreMod && Cfg::Q_PRESCALE) {
+            x = Variant::score_mod_log2_inner_qscaled(x, b, h, q_idx, kv_idx, p, buf);  // Q holds c q
           } else if constexpr (Variant::kHasScoreMod && !kSepInAcc) {
             x = Variant::score_mod_log2_inner(x, b, h, q_idx, kv_idx, p, buf);
           }

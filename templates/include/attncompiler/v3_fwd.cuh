@@ -36,7 +36,8 @@
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
 // BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
 // tiles of S, how many take their exponentials on the FMA pipes: 0..8), KV_DESCENDING (the walk's
-// order) and SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin).
+// order), SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin) and Q_PRESCALE
+// (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -47,7 +48,8 @@
 namespace ac {
 
 // The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue;
-// kEpilogueBar + w: warpgroup w's staged O is in shared memory (w < 3 consumers; ids 1..6 of 16).
+// kEpilogueBar + w: warpgroup w's staged O is in shared memory, or its scaled Q rows (Q_PRESCALE) are
+// (w < 3 consumers; ids 1..6 of 16).
 constexpr int kTurnBar = 1;
 constexpr int kEpilogueBar = 4;
 
@@ -77,6 +79,41 @@ __device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, c
                                      Variant::kScoreSepLinear && !Variant::kStaticMax),
                 "the score skip needs a separable score_mod with a linear column term and the descending walk");
   return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
+}
+
+// Q_PRESCALE (plan/qscale.py): the score_mod's inner term is G(c * s) with c per (batch, head), so
+// c * (q . k) = (c q) . k. Warpgroup wg multiplies its own 64 rows of the Q tile (every 64-column box;
+// the swizzle only permutes 16-byte chunks within a row, so the chunks are scaled wherever they lie) by c
+// in fp32 and rounds back to bf16 (satfinite: never inf), then makes the generic-proxy writes visible to
+// its wgmmas (async proxy) and syncs the warpgroup: its S GEMMs read all 64 rows. Once per tile, after
+// the Q barrier (the persistent grid reloads Q for every tile).
+template <class Cfg>
+__device__ __forceinline__ void v3_scale_q(unsigned int sQ, int wg, float c) {
+  using L = V3Layout<Cfg>;
+  static_assert(ac_type_traits<ac_elem_t>::kIsBf16, "Q_PRESCALE is bf16 only (c * q would be fp16 subnormals)");
+  static_assert(Variant::kHasScoreMod && Variant::kScoreQScale && !Variant::kScoreSeparable,
+                "Q_PRESCALE needs a score_mod of the form G(c * score)");
+  constexpr int kChunks = 64 * 128 / 16;  // 16-byte chunks of one box's 64 rows
+  static_assert(kChunks % 128 == 0, "whole chunks per thread");
+  const int tid = threadIdx.x & 127;
+#pragma unroll
+  for (int box = 0; box < L::D / 64; ++box) {
+#pragma unroll
+    for (int it = 0; it < kChunks / 128; ++it) {
+      const unsigned int addr = sQ + box * L::BM * 128 + wg * 64 * 128 + (tid + 128 * it) * 16;
+      unsigned int w[4];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lo = __uint_as_float(w[e] << 16) * c, hi = __uint_as_float(w[e] & 0xffff0000u) * c;
+        asm("cvt.rn.satfinite.bf16x2.f32 %0, %1, %2;" : "=r"(w[e]) : "f"(hi), "f"(lo));
+      }
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  named_bar_sync(kEpilogueBar + wg, 128);
 }
 
 // The epilogue of one consumer warpgroup: O / l to global memory, and the LSE.
@@ -382,6 +419,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
       asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
     }
+    if constexpr (Cfg::Q_PRESCALE) v3_scale_q<Cfg>(sQ, wg, Variant::score_q_scale(b, h, p, buf));
     AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;
