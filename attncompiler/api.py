@@ -14,7 +14,7 @@ from .codegen.schedule import KernelSource, Schedule, ScheduleError, get_schedul
 from .ir.build import build_ir
 from .ir.types import AttentionIR
 from .plan.model import Plan
-from .plan.planner import choose_auto
+from .plan.planner import check_plan_options, choose_auto
 from .plan.targets import Target, detect_target, get_target
 from .runtime.compiler import LoadedKernel, compile_kernel
 from .runtime.launch import InputError, check_inputs, check_out, launch, pack_params, prepare_buffers
@@ -423,6 +423,7 @@ def compile(
         hit = _compiled.get(key)
     if hit is None:
         try:
+            check_plan_options(name, plan_options, "; ".join(auto_reasons))
             plan = sched.make_plan(ir, tgt, **plan_options)
         except ValueError:
             if tuned_reason is None:

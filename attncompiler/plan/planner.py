@@ -23,7 +23,7 @@ __all__ = [
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
     "plan", "plan_v1", "plan_v2", "candidates_v2", "io_report", "format_io_report", "format_candidates",
     "format_resource_model",
-    "SCHEDULES", "AutoChoice", "choose_auto", "auto_schedule",
+    "SCHEDULES", "AutoChoice", "choose_auto", "auto_schedule", "check_plan_options",
 ]
 
 # Schedule name -> planner.  A new schedule registers here and, where it applies, is picked by
@@ -41,6 +41,21 @@ class AutoChoice:
 
     schedule: str
     reason: str
+
+
+def check_plan_options(schedule: str, options: dict[str, Any], context: str = "") -> None:
+    """Raise PlanError when ``options`` holds a name ``schedule``'s planner does not take (``context``: why that
+    schedule, e.g. the "auto" choice's reason). Schedules without a planner here (decode) are not checked."""
+    fn = SCHEDULES.get(schedule)
+    if fn is None:
+        return
+    import inspect
+
+    known = list(inspect.signature(fn).parameters)[2:]  # after (ir_or_dims, target)
+    foreign = sorted(set(options) - set(known))
+    if foreign:
+        why = f" ({context})" if context else ""
+        raise PlanError(f"{schedule}{why}: expected plan options among {', '.join(known)}, got {', '.join(foreign)}")
 
 
 def _v3_refusal(ir_or_dims: Any, t: Target, options: dict[str, Any]) -> str | None:
@@ -99,8 +114,10 @@ def plan(ir_or_dims: Any, schedule: str = "auto", target: Target | str | None = 
         raise PlanError(f"unknown schedule {schedule!r}; expected one of {', '.join(names)}")
     t = resolve_target(target)
     if schedule != "auto":
+        check_plan_options(schedule, options)
         return SCHEDULES[schedule](ir_or_dims, t, **options)
     choice = choose_auto(ir_or_dims, t, **options)
+    check_plan_options(choice.schedule, options, choice.reason)
     return _with_reason(SCHEDULES[choice.schedule](ir_or_dims, t, **options), choice.reason, first=True)
 
 
