@@ -19,8 +19,15 @@ import torch
 import torch.nn.functional as F
 
 
+# variants that are another variant's spec with extra v3 plan options (opt-in options, timed beside the default)
+V3_OPTION_VARIANTS = {"softcap_q_prescale": ("softcap", {"q_prescale": True})}
+
+
 def _spec(name: str, d: int, H: int, N: int):
     from attncompiler.spec import presets
+
+    if name in V3_OPTION_VARIANTS:
+        name = V3_OPTION_VARIANTS[name][0]
 
     if name == "alibi":
         return presets.alibi(presets.alibi_slopes(H), d)
@@ -92,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             fns = {}
             for sched in args.schedules.split(","):
                 try:
-                    kern = ac.compile(_spec(var, d, H, N), sched, **(opts if sched == "v3" else {}))
+                    extra = V3_OPTION_VARIANTS.get(var, ("", {}))[1]
+                    if sched != "v3" and extra:
+                        continue  # a v3 plan option: v3 only
+                    kern = ac.compile(_spec(var, d, H, N), sched, **({**opts, **extra} if sched == "v3" else {}))
                     it = [0]
 
                     def step(kern=kern, it=it):
