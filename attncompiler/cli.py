@@ -68,12 +68,30 @@ def _target(arch: str | None):
     return get_target("sm_90")
 
 
+def _plan_options(items: Sequence[str] | None) -> dict[str, object]:
+    """``--option KEY=VALUE`` items as plan options: true / false as bools, integers as ints."""
+    out: dict[str, object] = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option: expected KEY=VALUE (e.g. q_prescale=true, block_n=96), got {item!r}")
+        low = text.strip().lower()
+        if low in ("true", "false"):
+            out[key.strip()] = low == "true"
+            continue
+        try:
+            out[key.strip()] = int(low)
+        except ValueError:
+            raise ValueError(f"--option {key.strip()}: expected true, false or an integer, got {text!r}") from None
+    return out
+
+
 def _kernel_source(args):
     import dataclasses
 
     from .codegen.schedule import get_schedule
     from .ir.build import build_ir
-    from .plan.planner import choose_auto
+    from .plan.planner import check_plan_options, choose_auto
 
     spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads, seqlen=args.seqlen)
     tgt = _target(args.arch)
@@ -84,10 +102,13 @@ def _kernel_source(args):
         print("note: --sram-budget is FA1's M, so the v1 schedule is planned", file=sys.stderr)
         args.schedule = "v1"
     ir = build_ir(spec)
-    choice = choose_auto(ir, tgt) if args.schedule == "auto" else None
+    given = _plan_options(getattr(args, "option", None))
+    choice = choose_auto(ir, tgt, **given) if args.schedule == "auto" else None
     name = choice.schedule if choice is not None else args.schedule
     sched = get_schedule(name)
     opts = {"sram_budget": budget} if name == "v1" and budget is not None else {}
+    opts.update(given)
+    check_plan_options(name, opts, choice.reason if choice is not None else "")
     plan = sched.make_plan(ir, tgt, **opts)
     if choice is not None:  # the choice and why, first in the explanation (and the source's banner)
         plan = dataclasses.replace(plan, reasons=(choice.reason, *plan.reasons))
@@ -216,7 +237,7 @@ def _cmd_run(args) -> int:
     from .reference import eager_attention, error_ratio_check, reference_attention
 
     t0 = time.perf_counter()
-    kern = ac_compile(spec, args.schedule)
+    kern = ac_compile(spec, args.schedule, **_plan_options(args.option))
     t_compile = time.perf_counter() - t0
     dt = torch.bfloat16 if ir.dtype == "bf16" else torch.float16
     q = torch.randn(B, H, N, ir.head_dim, device="cuda", dtype=dt)
@@ -260,8 +281,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--heads", type=int, default=16, help="heads (presets sized per head, e.g. ALiBi slopes)")
         p.add_argument("--seqlen", type=int, default=1024, help="sequence length (presets sized per token)")
 
+    def options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                       help="a plan option of the schedule, repeatable (e.g. --option q_prescale=true "
+                            "--option block_n=96; `attncompiler plan SPEC` lists the schedule's reasons)")
+
     p = sub.add_parser("show", help="print the generated CUDA source")
     common(p)
+    options(p)
     p.add_argument("--backward", action="store_true",
                    help="print the backward kernels (v2 backward, whatever --schedule says)")
     p.add_argument("--deterministic", action="store_true",
@@ -269,12 +296,14 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_show)
     p = sub.add_parser("plan", help="print the IR, the plan and why, and the IO report")
     common(p)
+    options(p)
     p.add_argument("--all", action="store_true", help="list every candidate, accepted and rejected, with why")
     p.add_argument("--sram-budget", type=int, default=None, help="v1: FA1's M in bytes (selects v1 under auto)")
     p.add_argument("--shape", default=None, help="B,H,N for the IO report (default B=16384/N, --heads, --seqlen)")
     p.set_defaults(fn=_cmd_plan)
     p = sub.add_parser("run", help="compile, check against the float64 reference and time (GPU)")
     common(p)
+    options(p)
     p.add_argument("--shape", default="2,16,1024", help="B,H,N (default 2,16,1024)")
     p.set_defaults(fn=_cmd_run)
     p = sub.add_parser("tune", help="benchmark the feasible plans on this GPU and keep the fastest")

@@ -252,3 +252,25 @@ def test_nvcc_q_prescale(head_dim, opts):
     assert "cvt.rn.satfinite.bf16x2.f32" in ptx and "fence.proxy.async.shared::cta" in ptx
     rep = compile_with_nvcc(src, "sm_90a")
     assert rep.spill_stores == 0 and rep.spill_loads == 0 and "C7520" not in rep.log, rep.log
+
+
+def test_cli_plan_options(capsys):
+    """--option KEY=VALUE passes plan options to show / plan (and run); a schedule that does not take one, or a
+    malformed one, is a clear error naming what was got."""
+    from attncompiler.cli import main
+
+    assert main(["show", "softcap", "--schedule", "v3", "--arch", "sm_90", "--option", "q_prescale=true",
+                 "--option", "block_n=96"]) == 0
+    src = capsys.readouterr().out
+    assert "static constexpr bool Q_PRESCALE = true;" in src and "static constexpr int BLOCK_N = 96;" in src
+    assert main(["plan", "softcap", "--arch", "sm_90", "--option", "q_prescale=false"]) == 0
+    assert "Q prescale: off (forced)" in capsys.readouterr().out
+    for argv, expected in (
+            (["plan", "softcap", "--arch", "sm_80", "--option", "q_prescale=true"],
+             "v2 (schedule 'auto' on sm_80 -> v2: v3 needs sm_90a"),
+            (["plan", "softcap", "--arch", "sm_90", "--option", "q_prescale=maybe"],
+             "--option q_prescale: expected true, false or an integer, got 'maybe'"),
+            (["show", "plain", "--arch", "sm_90", "--option", "block_n"], "--option: expected KEY=VALUE"),
+    ):
+        assert main(argv) == 2
+        assert expected in capsys.readouterr().err
