@@ -616,3 +616,14 @@ def test_cli_tune_needs_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert main(["tune", "causal", "--shape", "1,4,1024"]) == 2
     assert "expected B,H,N,D" in capsys.readouterr().err
+
+
+def test_plan_option_names_match_the_planners():
+    """check_plan_options reads each planner's signature; V3_OPTIONS (the "auto" choice's refusal of foreign v3
+    options, in its own order) must name the same set."""
+    from attncompiler.plan.planner import plan_option_names
+    from attncompiler.plan.v3 import V3_OPTIONS
+
+    assert set(plan_option_names("v3")) == set(V3_OPTIONS)
+    assert plan_option_names("v1") == ("sram_budget",)
+    assert "score_skip" in plan_option_names("v2") and plan_option_names("decode") == ()

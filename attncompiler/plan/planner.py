@@ -8,6 +8,7 @@ bytes of standard attention vs. the plan's kernel) and :func:`format_candidates`
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,7 +24,7 @@ __all__ = [
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
     "plan", "plan_v1", "plan_v2", "candidates_v2", "io_report", "format_io_report", "format_candidates",
     "format_resource_model",
-    "SCHEDULES", "AutoChoice", "choose_auto", "auto_schedule", "check_plan_options",
+    "SCHEDULES", "AutoChoice", "choose_auto", "auto_schedule", "check_plan_options", "plan_option_names",
 ]
 
 # Schedule name -> planner.  A new schedule registers here and, where it applies, is picked by
@@ -43,15 +44,19 @@ class AutoChoice:
     reason: str
 
 
+def plan_option_names(schedule: str) -> tuple[str, ...]:
+    """The plan options ``schedule``'s planner takes (its parameters after ``(ir_or_dims, target)``); empty for a
+    schedule without a planner here (decode)."""
+    fn = SCHEDULES.get(schedule)
+    return tuple(inspect.signature(fn).parameters)[2:] if fn is not None else ()
+
+
 def check_plan_options(schedule: str, options: dict[str, Any], context: str = "") -> None:
     """Raise PlanError when ``options`` holds a name ``schedule``'s planner does not take (``context``: why that
     schedule, e.g. the "auto" choice's reason). Schedules without a planner here (decode) are not checked."""
-    fn = SCHEDULES.get(schedule)
-    if fn is None:
+    if schedule not in SCHEDULES:
         return
-    import inspect
-
-    known = list(inspect.signature(fn).parameters)[2:]  # after (ir_or_dims, target)
+    known = plan_option_names(schedule)
     foreign = sorted(set(options) - set(known))
     if foreign:
         why = f" ({context})" if context else ""
