@@ -2,7 +2,7 @@
 
 Every function dispatches on its arguments:
 
-* any :class:`~attncompiler.spec.trace.Sym` (while tracing)  -> a ``Sym``
+* any :class:`~attncompiler.spec.sym.Sym` (while tracing)  -> a ``Sym``
 * any ``torch.Tensor`` (the float64 reference evaluating a mod) -> a tensor (torch semantics)
 * any sympy object                                            -> a sympy expression
 * plain Python numbers                                        -> a Python float / the chosen value

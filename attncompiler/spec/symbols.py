@@ -1,7 +1,7 @@
 """The symbols every traced expression is written in.
 
 Score and mask modifiers are traced by calling them on these symbols (wrapped in
-:class:`attncompiler.spec.trace.Sym`).  Everything downstream -- the IR, the CUDA
+:class:`attncompiler.spec.sym.Sym`).  Everything downstream -- the IR, the CUDA
 printer, the tile bounder, the float64 reference -- agrees on these names:
 
 =========  ===========================  ==========================
