@@ -68,6 +68,12 @@ template <> struct ac_type_traits<__nv_bfloat16> {
   }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  // lo, hi <- their values rounded as pack2 rounds them
+  static __device__ __forceinline__ void round2(float& lo, float& hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    lo = __bfloat162float(v.x);
+    hi = __bfloat162float(v.y);
+  }
   static constexpr bool kIsBf16 = true;
 };
 template <> struct ac_type_traits<__half> {
@@ -77,5 +83,10 @@ template <> struct ac_type_traits<__half> {
   }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ void round2(float& lo, float& hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    lo = __half2float(v.x);
+    hi = __half2float(v.y);
+  }
   static constexpr bool kIsBf16 = false;
 };

@@ -33,6 +33,9 @@ struct ScoreSkip {
 template <int BN>
 __device__ __forceinline__ int score_skip_begin(int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                                 const AttnBuffers& buf, int j_begin, int j_end, float slack) {
+  // Instantiated only by a kernel planned with SCORE_SKIP (v2_fwd.cuh, v3_skip_begin in v3_fwd.cuh).
+  static_assert(Variant::kHasScoreMod && Variant::kScoreSeparable && Variant::kScoreSepLinear && !Variant::kStaticMax,
+                "the score skip needs a separable score_mod with a linear column term and the running offset");
   constexpr float kUnderflowLog2 = ScoreSkip::kUnderflowLog2;
   constexpr int kSkipRefSearch = ScoreSkip::kRefSearch;
   constexpr float kScoreBoundMargin = ScoreSkip::kBoundMargin;

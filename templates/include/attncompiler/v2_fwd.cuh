@@ -214,10 +214,14 @@ struct V2Cta {
   }
 
   // P = 2^(S * exp_scale - m_ref) for the n8 tiles [nt0, nt0 + NT) (summed into l), then dropout.
+  // round_p (a bounded score_mod's first tile, without dropout): l sums P rounded to the element type,
+  // the weights P V multiplies. That tile's row maximum may lie outside the offset window, so no P
+  // need be 1, and a row whose keys all lie in it then gets the same P on both sides of sum(P v) /
+  // sum(P) (one key gives exactly v). Later tiles sum unrounded P.
   template <int NT>
   __device__ __forceinline__ void exp_tiles(float (&acc_s)[MT][L::NT_S][4], const float (&m_ref)[MT][2],
                                             float exp_scale, int nt0, int kv0, int q_row0, int b, int h,
-                                            const AttnParams& p) {
+                                            const AttnParams& p, bool round_p) {
     const int t = threadIdx.x & 3;
     const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
@@ -229,6 +233,12 @@ struct V2Cta {
         c[1] = fast_exp2(fmaf(c[1], exp_scale, -m_ref[mt][0]));
         c[2] = fast_exp2(fmaf(c[2], exp_scale, -m_ref[mt][1]));
         c[3] = fast_exp2(fmaf(c[3], exp_scale, -m_ref[mt][1]));
+        if constexpr (Variant::kStaticMax && !Variant::kHasDropout) {
+          if (round_p) {
+            Tr::round2(c[0], c[1]);
+            Tr::round2(c[2], c[3]);
+          }
+        }
         row_sum[mt][0] += c[0] + c[1];
         row_sum[mt][1] += c[2] + c[3];
         if constexpr (Variant::kHasDropout) {
@@ -277,11 +287,12 @@ struct V2Cta {
   // exponentials of step kk + 1 issue while the tensor cores run step kk.
   __device__ __forceinline__ void exp_pv(float (&acc_s)[MT][L::NT_S][4], const float (&m_ref)[MT][2],
                                          const float (&alpha)[MT][2], bool changed, unsigned int v_addr, int kv0,
-                                         int q_row0, float exp_scale, int b, int h, const AttnParams& p) {
+                                         int q_row0, float exp_scale, int b, int h, const AttnParams& p,
+                                         bool first) {
     rescale_o(alpha, changed);
 #pragma unroll
     for (int kk = 0; kk < L::KT_PV; ++kk) {
-      exp_tiles<2>(acc_s, m_ref, exp_scale, 2 * kk, kv0, q_row0, b, h, p);
+      exp_tiles<2>(acc_s, m_ref, exp_scale, 2 * kk, kv0, q_row0, b, h, p, first);
       pv<1>(acc_s, v_addr, kk);
     }
   }
@@ -333,9 +344,6 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     // starts above the blocks whose every P is below 2^-136 of the row's final offset. Here they would
     // come first, at lower running maxima, and be scaled down to that later, so leaving them out changes
     // the sums by less than their fp32 rounding. Every thread computes the same value.
-    static_assert(!Cfg::SCORE_SKIP || (Variant::kHasScoreMod && Variant::kScoreSeparable &&
-                                       Variant::kScoreSepLinear && !Variant::kStaticMax),
-                  "the score skip needs a separable score_mod with a linear column term");
     const int j_skip = score_skip_begin<BN>(b, h, q0, q_hi, p, buf, j, j_end, 0.f);
     if (j_skip > j) j = Variant::kHasMask ? kv_next_block<BN>(j_skip, j_end, b, h, q0, q_hi, p, buf) : j_skip;
   }
@@ -437,9 +445,9 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
     } else {
       changed = st.template softmax_stats<false>(acc_s, m_ref, alpha, kv0, q_row0, exp_scale, b, h, p, buf, first);
     }
-    first = false;
     // (5) P = exp2(S - m), dropout, O += P V_j.
-    st.exp_pv(acc_s, m_ref, alpha, changed, v_base + stage_off, kv0, q_row0, exp_scale, b, h, p);
+    st.exp_pv(acc_s, m_ref, alpha, changed, v_base + stage_off, kv0, q_row0, exp_scale, b, h, p, first);
+    first = false;
 
     // (6) The next tile landed; every warp is done with this tile's buffers.
     cp_async_wait<0>();

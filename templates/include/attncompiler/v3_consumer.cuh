@@ -160,14 +160,24 @@ struct V3Consumer {
     }
   }
 
-  template <int NT, int HF>
+  // kRoundP: P is rounded to the element type here, so that l sums the very weights P V multiplies
+  // (convert_p's rounding is then exact).
+  template <int NT, int HF, bool kRoundP = false>
   __device__ __forceinline__ void exp_pair(float exp_scale, float m_ref, float& sum) {
     float* c = &acc_s[4 * NT + 2 * HF];
     c[0] = exp2_sel<NT>(c[0], exp_scale, m_ref);
     c[1] = exp2_sel<NT>(c[1], exp_scale, m_ref);
+    if constexpr (kRoundP) Tr::round2(c[0], c[1]);
     sum += c[0] + c[1];
-    if constexpr (NT + 1 < BN / 8) exp_pair<NT + 1, HF>(exp_scale, m_ref, sum);
+    if constexpr (NT + 1 < BN / 8) exp_pair<NT + 1, HF, kRoundP>(exp_scale, m_ref, sum);
   }
+
+  // With a fixed offset the first block's P are summed as rounded: its row maximum may lie outside the
+  // offset window, so no P need be exactly 1, and a row whose keys all lie in this block then gets
+  // O = sum(P v) / sum(P) with the same P on both sides (one key gives exactly v, as eager does). Later
+  // blocks sum unrounded P (rounding them all cost 8 % at d = 128); dropout scales P after this sum
+  // anyway, so it keeps the unrounded one.
+  static constexpr bool kRoundFirstP = kStatic && !Variant::kHasDropout;
 
   // score_mod, then the mask (only when `masked`: a branch around the mask pass alone, see
   // softmax_dispatch), the online-softmax update of one S tile, then S <- exp2(S - m) in place (summed
@@ -279,9 +289,9 @@ struct V3Consumer {
       }
       float sum = 0.f;
       if (hf == 0) {
-        exp_pair<0, 0>(exp_scale, m_ref, sum);
+        exp_pair<0, 0, kRoundFirstP>(exp_scale, m_ref, sum);
       } else {
-        exp_pair<0, 1>(exp_scale, m_ref, sum);
+        exp_pair<0, 1, kRoundFirstP>(exp_scale, m_ref, sum);
       }
       row_sum[hf] = row_sum[hf] * alpha[hf] + sum;
     }

@@ -75,9 +75,7 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
 template <class Cfg>
 __device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                              const AttnBuffers& buf, int j_begin, int j_end) {
-  static_assert(!Cfg::SCORE_SKIP || (Cfg::KV_DESCENDING && Variant::kHasScoreMod && Variant::kScoreSeparable &&
-                                     Variant::kScoreSepLinear && !Variant::kStaticMax),
-                "the score skip needs a separable score_mod with a linear column term and the descending walk");
+  static_assert(Cfg::SCORE_SKIP && Cfg::KV_DESCENDING, "v3's score skip runs on the descending walk");
   return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
 }
 
