@@ -286,6 +286,30 @@ def test_error_ratio_check():
         error_ratio_check(ref[0], ref, eag)
 
 
+
+def test_lse_check_bound():
+    """check_kernel's LSE rule: lse_tol plus LSE_ULPS fp32 ulps of |LSE| (large ALiBi LSEs), equal infinities
+    match, NaN and a finite value against -inf fail."""
+    from attncompiler.testing import LSE_ULPS, lse_check
+
+    ref = torch.tensor([0.5, -3.0, 16386.27, -math.inf], dtype=torch.float64)
+    ok, err = lse_check(ref.float(), ref)
+    assert ok and err < 1e-3
+    big = ref.clone()
+    big[2] += 2.2e-3  # 1.1 fp32 ulps at 16386: beyond 2e-3, within the bound
+    assert lse_check(big, ref) == (True, pytest.approx(2.2e-3))
+    big[2] = ref[2] + 2e-3 + (LSE_ULPS + 1) * 2.0**-23 * 16386.27
+    assert not lse_check(big, ref)[0]
+    small = ref.clone()
+    small[0] += 2.5e-3  # |LSE| ~ 0.5: the bound is lse_tol
+    assert not lse_check(small, ref)[0]
+    assert lse_check(small, ref, lse_tol=3e-3)[0]
+    for bad in (math.nan, 0.0):
+        wrong = ref.clone()
+        wrong[3] = bad
+        ok, err = lse_check(wrong, ref)
+        assert not ok and err == math.inf
+
 # ------------------------------------------------------------------------------------ evaluator
 
 
