@@ -20,6 +20,10 @@ is then reported for the model's plan and for the best of the listed ones.  ``--
 references that split the window's overhead: full attention over exactly as many keys as one window
 CTA visits (Nk = BLOCK_M + window, so every CTA runs the same number of FULL tiles with no mask code:
 the cost of a short K/V loop by itself) and causal (half the tiles, one partial tile per CTA).
+``--peers`` times the same criterion for FlexAttention (``torch.compile(flex_attention)``, its block
+mask built before timing, same 128x128 block tiling floor) and cuDNN SDPA's short-loop efficiency (dense
+Nk = 128 + window keys against Nk = N; SDPA has no sliding window of its own): what the fastest kernels
+there are pay for short K/V loops on this GPU, in the same run.
 """
 from __future__ import annotations
 
@@ -56,6 +60,34 @@ def parse_plan(text: str) -> dict:
     return dict(block_m=int(bm), block_n=int(bn), num_warps=int(w), stages=int(st), q_in_regs=bool(q))
 
 
+def peer_ratios(B: int, H: int, N: int, d: int, window: int, reps: int) -> dict:
+    """FlexAttention's t(window) / t(full) and cuDNN's per-pair cost at Nk = 128 + window vs Nk = N."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from attncompiler.runtime.autotune import benchmark_ms
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def window_mask(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx <= window)
+
+    block_mask = create_block_mask(window_mask, None, None, N, N, device="cuda")
+    out = dict(flex_full=benchmark_ms(lambda i: flex(q, k, v), reps=reps, warmup=5),
+               flex_window=benchmark_ms(lambda i: flex(q, k, v, block_mask=block_mask), reps=reps, warmup=5))
+    nk = min(N, 128 + window)
+    ks, vs = k[:, :, :nk].contiguous(), v[:, :, :nk].contiguous()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out["cudnn_full"] = benchmark_ms(lambda i: sdpa(q, k, v), reps=reps, warmup=5)
+        out["cudnn_short"] = benchmark_ms(lambda i: sdpa(q, ks, vs), reps=reps, warmup=5)
+    out["nk_short"] = nk
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -75,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", type=lambda t: [parse_plan(x) for x in t.split(",") if x], default=[],
                     help="also time the window with these v2 plans, e.g. 128x64w4s2,64x64w4s2")
     ap.add_argument("--diag", action="store_true", help="also time the dense short-loop and causal references")
+    ap.add_argument("--peers", action="store_true",
+                    help="also time FlexAttention's window / full and cuDNN's short-loop efficiency (same run)")
     ap.add_argument("--schedule", default="v2", choices=("v2", "v3"),
                     help="the forward schedule timed (v3: sm_90 only; --plans then take option=value pairs)")
     args = ap.parse_args(argv)
@@ -145,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         c = res["causal"]
         print(f"causal: t / t(full) = {c['ms'] / full['ms']:.4f} (visible fraction ~0.5; per visited tile vs full: "
               f"{c['ms'] / c['flops'] / (full['ms'] / full['flops']):.3f}x)")
+    peers = None
+    if args.peers:
+        peers = peer_ratios(B, H, N, d, args.window, args.reps)
+        fr = peers["flex_window"] / peers["flex_full"]
+        print(f"\npeers: FlexAttention window / full = {peers['flex_window']:.3f} / {peers['flex_full']:.3f} ms = "
+              f"{fr / frac:.3f}x the visible fraction")
+        nks = peers["nk_short"]
+        print(f"peers: cuDNN dense Nk = {nks}: {peers['cudnn_short']:.3f} ms, Nk = {N}: {peers['cudnn_full']:.3f} ms; "
+              f"per (q, k) pair {peers['cudnn_short'] / nks / (peers['cudnn_full'] / N):.3f}x the long loop's cost")
     ratio = win["ms"] / full["ms"]
     ok = ratio <= 1.3 * frac
     print(f"\nvisible fraction {frac:.4f}; non-empty-tile fraction {win['tile_fraction']:.4f} "
@@ -161,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(os.environ["OUT"], "bench_masked_scaling.json"), "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), N=N, window=args.window, runs=res,
                            visible_fraction=frac, ratio=ratio, ratio_over_visible=ratio / frac, ok=ok,
-                           best_plan=best["plan"], best_ratio_over_visible=best_ratio / frac), f, indent=1)
+                           best_plan=best["plan"], best_ratio_over_visible=best_ratio / frac, peers=peers),
+                      f, indent=1)
     return 0 if ok else 1
 
 
