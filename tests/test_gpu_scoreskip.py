@@ -115,7 +115,9 @@ def test_skip_is_bit_identical(sched, kind, d, dtype, Nq, Nk, H_kv, opts):
         assert not torch.isnan(o1).any() and not torch.isnan(l1).any(), f"{kind} {inputs}: NaN in the output"
         diff = (o1.float() - o0.float()).abs().max()
         assert torch.equal(o1, o0) and torch.equal(l1, l0), f"{sched} {kind} d={d} {dtype} {inputs}: max |dO| = {diff}"
-    # the steep heads' LSE reaches ~slope * Nk (thousands), where fp32's spacing alone is ~2e-4
+    # The steep heads' LSE reaches ~slope * Nk (thousands), where fp32's spacing alone is ~2e-4 and the ALiBi
+    # column terms are rounded at ~1.44 * slope * Nk: d = 256 measured 5.8e-3 here (H100, 2026-11-22), ~12 ulps,
+    # over check_kernel's 2e-3 + 4 ulps, so this bound keeps 2e-6 relative to the largest bias.
     res = check_kernel(on, 1, 4, Nq, Nk, H_kv=H_kv, lse_tol=2e-3 + 2e-6 * max(SLOPES) * max(Nq, Nk))
     assert res.ok, f"{sched} {kind} d={d} {dtype} with the skip: {res}"
 
