@@ -64,6 +64,11 @@ def test_plan_choices(d, block_n, stages):
         assert (plain.block_m, plain.block_n, plain.stages) == (128, block_n, stages)
     drop = plan_v3(build_ir(ac.AttentionSpec(head_dim=d, dropout_p=0.1)), "sm_90")  # at most ..._DROPOUT
     assert drop.block_n == min(block_n, PREFERRED_BLOCK_N_DROPOUT) and "with dropout" in drop.describe()
+    # a mask that reads a buffer (document ids) takes the same cap; a mask of positions only does not
+    doc = plan_v3(build_ir(presets.document(presets.document_ids(1000, 3), d)), "sm_90")
+    assert doc.block_n == min(block_n, PREFERRED_BLOCK_N_DROPOUT)
+    assert "a mask that reads buffers" in doc.describe()
+    assert "reads buffers" not in plan_v3(build_ir(presets.causal(d)), "sm_90").describe()
 
 
 @pytest.mark.parametrize("spec, block_n, poly", [

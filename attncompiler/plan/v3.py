@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
+
 from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
@@ -71,6 +73,10 @@ PREFERRED_BLOCK_N = {64: 192, 128: 128, 192: 112, 256: 80}
 # (H200, N = 16k, 3 interleaved rounds, BN=176 vs 192: sliding window 272 vs 286, document 868 vs 907,
 # ALiBi-causal 404 vs 409, causal 445 vs 445 TFLOP/s).
 PREFERRED_BLOCK_N_DROPOUT = 176
+# A mask that reads buffers (document ids) takes the same cap: since the masked pass drops the kv < Nk test on
+# blocks inside the sequence (two copies of the pass, v3_consumer.cuh), d=64 BN=192 spills 128 B there, BN=176
+# nothing.  H100, N = 16k, 7 interleaved rounds, document d=64, ms: old pass BN=192 2.41 / 176 2.55; new pass
+# BN=192 2.23 (with the spills), 176 2.29, 160 2.36.  176 keeps the machine code spill-free for 5 % over the old.
 # A separable score_mod (ALiBi-like: coef * score + column term + row term, ir/scoreform.py) prefers these
 # widths (its column terms cost per tile column, its rows' terms nothing).  Measured on an H100 (2026-11-21,
 # N = 16k, bf16, medians of 3 interleaved rounds): ALiBi d=64 BN=176 412, BN=160 433 (plain 460);
@@ -162,7 +168,13 @@ def _why_preferred(d: int, dv: int, narrow: bool, separable: bool, static: bool 
         return " for a separable score_mod (PREFERRED_BLOCK_N_SEPARABLE)"
     if static and max(d, dv) in PREFERRED_BLOCK_N_STATIC:
         return " for a bounded score_mod with a fixed softmax offset (PREFERRED_BLOCK_N_STATIC)"
-    return " with dropout or polynomial exponentials" if narrow else ""
+    return " with dropout, polynomial exponentials or a mask that reads buffers" if narrow else ""
+
+
+def _mask_reads_buffers(ir_or_dims: Any) -> bool:
+    """Whether the IR's mask reads a buffer (``doc[q_idx] == doc[kv_idx]``): its masked pass loads per element."""
+    mask = getattr(ir_or_dims, "mask_expr", None)
+    return isinstance(mask, sympy.Basic) and mask.has(sympy.Indexed)
 
 
 def _separable_score_mod(ir_or_dims: Any, *, with_mask: bool = False) -> bool:
@@ -240,8 +252,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
-    # dropout or the polynomial exponentials: at most PREFERRED_BLOCK_N_DROPOUT (d=64 BN=192 spills)
-    narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0
+    # dropout, the polynomial exponentials or a mask reading buffers: at most PREFERRED_BLOCK_N_DROPOUT (d=64
+    # BN=192 spills)
+    narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0 or _mask_reads_buffers(ir_or_dims)
     pref = _preferred(d, dv, narrow, separable, static)
     limit = t.max_smem_per_block_optin
     rejected: list[str] = []

@@ -179,6 +179,28 @@ struct V3Consumer {
   // anyway, so it keeps the unrounded one.
   static constexpr bool kRoundFirstP = kStatic && !Variant::kHasDropout;
 
+  // S <- -inf where the mask hides the key (and, with kRagged, where kv_idx >= Nk: TMA zero-filled rows).
+  template <bool kRagged>
+  __device__ __forceinline__ void mask_pass(int kv0, int row0, int b, int h, const AttnParams& p,
+                                            const AttnBuffers& buf) {
+    const int t = threadIdx.x & 3;
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kv_idx = kv0 + nt * 8 + 2 * t + e;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int q_idx = row0 + g + 8 * hf;
+          bool visible = !kRagged || kv_idx < p.Nk;
+          if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
+          if (!visible) acc_s[4 * nt + 2 * hf + e] = AC_NEG_INF;
+        }
+      }
+    }
+  }
+
   // score_mod, then the mask (only when `masked`: a branch around the mask pass alone, see
   // softmax_dispatch), the online-softmax update of one S tile, then S <- exp2(S - m) in place (summed
   // into l; dropout comes in convert_p). alpha: the rescale of the previous O and l.
@@ -221,19 +243,13 @@ struct V3Consumer {
       }
     }
     if (masked) {
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int kv_idx = kv0 + nt * 8 + 2 * t + e;
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int q_idx = row0 + g + 8 * hf;
-            bool visible = kv_idx < p.Nk;
-            if constexpr (Variant::kHasMask) visible = visible && Variant::mask(b, h, q_idx, kv_idx, p, buf);
-            if (!visible) acc_s[4 * nt + 2 * hf + e] = AC_NEG_INF;
-          }
-        }
+      // A block inside the sequence needs no kv_idx < Nk test per element. Measured on the H100 (N = 16k,
+      // 7 interleaved rounds, with vs without the test): document d = 64 2.40 -> 2.22 ms (faster in 7 of 7
+      // rounds); sliding window d = 64 / 128, causal, document and prefix-LM d = 128 within 1 %.
+      if (kv0 + BN <= p.Nk) {
+        mask_pass<false>(kv0, row0, b, h, p, buf);
+      } else {
+        mask_pass<true>(kv0, row0, b, h, p, buf);
       }
     }
     if constexpr (kStatic && !kFirst) {

@@ -1,0 +1,115 @@
+"""SM clock and board power while one v3 kernel runs back to back (GPU; needs nvidia-smi).
+
+    PYTHONPATH=. python3 benchmarks/clock_power.py [--seconds 3] [--rounds 2] [--set window|variants|all]
+
+Each kernel runs for ``--seconds`` while ``nvidia-smi`` samples the SM clock and the board's power draw every
+50 ms; the line gives the time per call, the median clock and the median power.  ``window``: full attention
+(d = 128, N = 16k, H = 16), the sliding window 1024 and dense attention over Nk = 1152 keys (the window's
+short K/V loop without a mask), with the window's time and its cycles (time x clock) over full attention's,
+per visible pair.  ``variants``: plain and softcap at d = 64 and 128 (N = 16k, H*d = 2048), softcap over plain
+in time and in cycles.
+
+Why: on the H100 every one of these kernels draws the board's power limit, so the clock, not the kernel,
+gives way (docs/perf-notes.md, thirteenth session).  A kernel that stalls more gets a higher clock, so a
+time ratio and a cycle ratio differ, and hiding idle phases does not shorten a run whose energy stays.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import time
+
+
+def _sampler() -> subprocess.Popen:
+    return subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                             "-lms", "50"], stdout=subprocess.PIPE, text=True)
+
+
+def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float) -> tuple[float, float, float]:
+    """(ms per call, median SM clock in MHz, median board power in W) of ``spec``'s v3 kernel."""
+    import torch
+
+    import attncompiler as ac
+
+    kern = ac.compile(spec, "v3")
+    heads = 2048 // d
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, heads, nq, d, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(1, heads, nk, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+    out = torch.empty_like(q)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(10):
+        kern(q, k, v, out=out)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(20):
+        kern(q, k, v, out=out)
+    end.record()
+    torch.cuda.synchronize()
+    reps = max(1, int(seconds / (start.elapsed_time(end) / 20 * 1e-3)))
+    smi = _sampler()
+    time.sleep(0.3)
+    start.record()
+    for _ in range(reps):
+        kern(q, k, v, out=out)
+    end.record()
+    torch.cuda.synchronize()
+    smi.terminate()
+    rows = [line.split(",") for line in smi.communicate()[0].strip().splitlines() if line.strip()]
+    rows = rows[8:-2] or rows  # drop the samples from before the first launch and after the last
+    clock = statistics.median(float(r[0]) for r in rows)
+    power = statistics.median(float(r[1]) for r in rows)
+    ms = start.elapsed_time(end) / reps
+    print(f"{name:22s} {ms:8.4f} ms/call   SM clock {clock:6.0f} MHz   power {power:5.0f} W   ({len(rows)} samples)",
+          flush=True)
+    return ms, clock, power
+
+
+def window_set(seconds: float) -> None:
+    from attncompiler.spec import presets
+
+    n, w = 16384, 1024
+    full = run_kernel("full, N = 16k", presets.get_preset("plain", head_dim=128), 128, n, n, seconds)
+    win = run_kernel("window 1024", presets.sliding_window(w, 128), 128, n, n, seconds)
+    dense = run_kernel("dense, Nk = 1152", presets.get_preset("plain", head_dim=128), 128, n, 128 + w, seconds)
+    visible = (w * (w + 1) // 2 + (n - w) * (w + 1)) / (n * n)
+    print(f"  window / full over the visible fraction: time {win[0] / full[0] / visible:.3f}x, cycles "
+          f"{win[0] * win[1] / (full[0] * full[1]) / visible:.3f}x; dense Nk = 1152 per pair: time "
+          f"{dense[0] / full[0] * n / (128 + w):.3f}x, cycles {dense[0] * dense[1] / (full[0] * full[1]) * n / (128 + w):.3f}x",
+          flush=True)
+
+
+def variants_set(seconds: float) -> None:
+    from attncompiler.spec import presets
+
+    n = 16384
+    for d in (64, 128):
+        res = {name: run_kernel(f"{name} d = {d}", presets.get_preset(name, head_dim=d, num_heads=2048 // d, seqlen=n),
+                                d, n, n, seconds) for name in ("plain", "softcap")}
+        (tp, cp, _), (ts, cs, _) = res["plain"], res["softcap"]
+        print(f"  d = {d}: softcap / plain speed: time {tp / ts:.3f}, cycles {tp * cp / (ts * cs):.3f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="time each kernel runs while sampled (default 3)")
+    ap.add_argument("--rounds", type=int, default=2, help="repeat the set (default 2)")
+    ap.add_argument("--set", choices=("window", "variants", "all"), default="all")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("clock_power.py needs a CUDA GPU")
+    print(subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.max.sm,power.limit", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip())
+    for _ in range(args.rounds):
+        if args.set in ("window", "all"):
+            window_set(args.seconds)
+        if args.set in ("variants", "all"):
+            variants_set(args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
