@@ -244,8 +244,9 @@ struct V3Consumer {
     }
     if (masked) {
       // A block inside the sequence needs no kv_idx < Nk test per element. Measured on the H100 (N = 16k,
-      // 7 interleaved rounds, with vs without the test): document d = 64 2.40 -> 2.22 ms (faster in 7 of 7
-      // rounds); sliding window d = 64 / 128, causal, document and prefix-LM d = 128 within 1 %.
+      // 7 interleaved rounds, with vs without the test): document d = 64 2.41 -> 2.29 ms at BN 176 (the
+      // planner's cap for masks that read buffers: at BN 192 the two copies spill); sliding window d = 64 /
+      // 128, causal, document and prefix-LM d = 128 within 1 % (docs/perf-notes.md, thirteenth session).
       if (kv0 + BN <= p.Nk) {
         mask_pass<false>(kv0, row0, b, h, p, buf);
       } else {
