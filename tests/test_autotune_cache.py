@@ -372,7 +372,8 @@ def test_tune_candidates_v3_cpu() -> None:
         assert all(plan_v3(ir, t, **c).options == c for c in v3)  # every one is feasible
         assert any(c["persistent"] for c in v3) and len({c["block_n"] for c in v3}) >= 2
         assert at.tune_candidates(ir, t, "v3", max_candidates=2) == v3[:2]
-    assert at.tune_candidates(ProblemDims(96), t, "v3") == []  # v3 cannot tile it: nothing to tune
+    assert at.tune_candidates(ProblemDims(40), t, "v3") == []  # v3 cannot tile it: nothing to tune
+    assert at.tune_candidates(ProblemDims(96), t, "v3")[0] == plan_v3(ProblemDims(96), t).options  # padded boxes
     assert at.tune_candidates(build_ir(presets.plain(128)), get_target("sm_80"), "v3") == []
 
 
@@ -388,9 +389,9 @@ def test_tune_plans_auto_interleaves_v3_and_v2() -> None:
     assert [o for s, o in mixed if s == "v2"] == at.tune_candidates(ir, t, "v2")[:3]
     full = at.tune_plans(ir, t, "auto")
     assert len(full) == len(at.tune_candidates(ir, t, "v3")) + len(at.tune_candidates(ir, t, "v2"))
-    d96 = build_ir(presets.causal(96))  # v3 cannot: v2 only, the model's v2 first
-    assert {s for s, _ in at.tune_plans(d96, t, "auto")} == {"v2"}
-    assert at.tune_plans(d96, t, "auto")[0] == ("v2", plan_v2(d96, t).options)
+    d96 = build_ir(presets.causal(96))  # v3 tiles 96 in two 64-column boxes: both schedules, v3's model first
+    assert [s for s, _ in at.tune_plans(d96, t, "auto", 4)] == ["v3", "v2"] * 2
+    assert at.tune_plans(d96, t, "auto")[1] == ("v2", plan_v2(d96, t).options)
     assert {s for s, _ in at.tune_plans(ir, get_target("sm_80"), "auto")} == {"v2"}
     assert at.tune_plans(ir, t, "v2", 2) == [("v2", o) for o in at.tune_candidates(ir, t, "v2", 2)]
     with pytest.raises(at.TuneError, match="schedule: expected one of auto, v1, v2, v3, got 'decode'"):

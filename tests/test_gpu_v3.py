@@ -1,6 +1,6 @@
 """GPU (sm_90 only): the v3 schedule (TMA + wgmma + warp specialization) against the float64
-reference by the error-ratio rule: every preset and example, fp16 / bf16, head dims 64 / 128 /
-192 / 256, sequence lengths that are not multiples of any tile, GQA, (B, N, H, d) layouts,
+reference by the error-ratio rule: every preset and example, fp16 / bf16, head dims 64 / 96 / 128 /
+192 / 256 (and other multiples of 16, with D != DV), sequence lengths that are not multiples of any tile, GQA, (B, N, H, d) layouts,
 fully masked rows.
 
 Run on an H100 / H200 with ``python3 -m pytest -m gpu tests/test_gpu_v3.py``.
@@ -45,7 +45,7 @@ def spec_for(name: str, head_dim: int, dtype: str, seqlen: int) -> ac.AttentionS
 @needs_hopper
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", PRESET_NAMES)
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_presets(name, head_dim, dtype):
     for n in SEQLENS:
         kern = ac.compile(spec_for(name, head_dim, dtype, n), "v3")
@@ -68,6 +68,23 @@ def test_head_dim_192(name):
         kern = ac.compile(spec_for(name, 192, "bf16", n), "v3")
         res = check_kernel(kern, B, H, n)
         assert res.ok, f"{name} d=192 N={n}: {res}"
+
+
+# Head dims that are not multiples of 64: the last 64-column TMA box is zero-filled beyond D (Q, K) or DV (V),
+# the Q K^T k16 steps stop at D and the P V wgmma's N is DV (v3_consumer.cuh, V3Layout).
+@needs_hopper
+@pytest.mark.parametrize("d,dv", [(32, 32), (48, 48), (80, 80), (96, 64), (64, 96), (128, 96), (192, 96), (160, 160),
+                                  (224, 224), (16, 16)])
+@pytest.mark.parametrize("name", ["plain", "causal", "alibi_causal", "dropout"])
+def test_head_dims_not_multiples_of_64(d, dv, name):
+    import dataclasses
+
+    for n, dtype in ((113, "bf16"), (1023, "fp16")):
+        spec = dataclasses.replace(spec_for(name, d, dtype, n), head_dim_v=dv)
+        kern = ac.compile(spec, "v3")
+        assert kern.schedule == "v3"
+        res = check_kernel(kern, B, H, n)
+        assert res.ok, f"{name} v3 D={d} DV={dv} {dtype} N={n}: {res}"
 
 
 @needs_hopper
@@ -207,12 +224,11 @@ def test_auto_is_v3_on_hopper_with_per_call_paths(head_dim):
 
 @needs_hopper
 @pytest.mark.parametrize("head_dim", [32, 96])
-def test_auto_is_v2_where_v3_cannot_tile(head_dim):
+def test_auto_is_v3_for_head_dims_not_multiples_of_64(head_dim):
     kern = ac.compile(presets.causal(head_dim))
-    assert kern.schedule == "v2"
-    assert kern.plan.reasons[0] == (f"schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0 and <= 256, got "
-                                    f"head_dim={head_dim}, head_dim_v={head_dim}")
+    assert kern.schedule == "v3" and kern.plan.reasons[0].startswith("schedule 'auto' on sm_90 -> v3")
     assert (r := check_kernel(kern, 2, 3, 333)).ok, str(r)
+    assert (r := check_kernel(kern, 2, 3, 200, 1023, layout="bnhd")).ok, str(r)
 
 
 # ---------------------------------------------------------------- score_mod forms, polynomial exp2

@@ -301,7 +301,9 @@ def test_plan_dispatch() -> None:
     p = plan(ProblemDims(128), "auto", target="sm_90")
     assert p.schedule == "v3" and p.reasons[0].startswith("schedule 'auto' on sm_90 -> v3")
     p = plan(ProblemDims(96), "auto", target="sm_90")
-    assert p.schedule == "v2" and p.reasons[0].startswith("schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64")
+    assert p.schedule == "v3" and p.reasons[0].startswith("schedule 'auto' on sm_90 -> v3")
+    p = plan(ProblemDims(128), "auto", target="sm_90", q_in_regs=True)  # a v2-only plan option
+    assert p.schedule == "v2" and "expected v3 plan options" in p.reasons[0]
     assert plan(ProblemDims(128), "v1", target="h100").schedule == "v1"
     assert plan(ProblemDims(128), "v1", target="sm_90", sram_budget=65536).sram_budget_bytes == 65536
     assert plan(ProblemDims(128), "v2", target="sm_90", block_n=32).block_n == 32
@@ -311,7 +313,8 @@ def test_plan_dispatch() -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "h100", "gh200"])
-@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (256, 256), (192, 128), (128, 64)])
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (256, 256), (192, 128), (128, 64), (96, 96), (32, 32),
+                                  (128, 96), (80, 112)])
 def test_auto_picks_v3_on_hopper(arch: str, d: int, dv: int) -> None:
     from attncompiler.plan import auto_schedule, choose_auto
 
@@ -321,17 +324,16 @@ def test_auto_picks_v3_on_hopper(arch: str, d: int, dv: int) -> None:
     assert plan(ProblemDims(d, dv), "auto", target=arch).reasons[0] == c.reason
 
 
-@pytest.mark.parametrize("d,dv,why", [(96, 96, "got head_dim=96, head_dim_v=96"), (32, 32, "got head_dim=32"),
-                                      (128, 96, "got head_dim_v=96"), (320, 320, "got head_dim=320")])
+@pytest.mark.parametrize("d,dv,why", [(40, 40, "got head_dim=40, head_dim_v=40"), (128, 72, "got head_dim_v=72"),
+                                      (320, 320, "got head_dim=320")])
 def test_auto_falls_back_to_v2_with_the_reason(d: int, dv: int, why: str) -> None:
     from attncompiler.plan import choose_auto
 
     c = choose_auto(ProblemDims(d, dv), "sm_90")
-    assert c.schedule == "v2" and c.reason.startswith("schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0 "
-                                                      "and <= 256") and why in c.reason
-    if d <= 256 and dv <= 256:  # v2 plans it, with the reason first
-        p = plan(ProblemDims(d, dv), "auto", target="sm_90")
-        assert p.schedule == "v2" and p.reasons[0] == c.reason
+    assert c.schedule == "v2" and c.reason.startswith("schedule 'auto' on sm_90 -> v2: v3 needs head dims that are "
+                                                      "multiples of 16 and <= 256") and why in c.reason
+    with pytest.raises(PlanError, match="multiple of 16"):  # v2 cannot either: its own reason follows
+        plan(ProblemDims(d, dv), "auto", target="sm_90")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_100", "sm_120"])
@@ -586,7 +588,7 @@ def test_cli_plan_and_show_explain_the_auto_choice(capsys: pytest.CaptureFixture
     assert "HBM IO: v3 plan on sm_90" in out and "v3 candidates on sm_90" in out
     assert main(["plan", "causal", "--arch", "sm_90", "--head-dim", "96"]) == 0
     out = capsys.readouterr().out
-    assert "v2 plan for sm_90" in out and "1. schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64 == 0" in out
+    assert "v3 plan for sm_90" in out and "smem rows padded to 128 / 128 columns" in out
     assert main(["plan", "causal", "--arch", "sm_80"]) == 0
     assert "1. schedule 'auto' on sm_80 -> v2: v3 needs sm_90a" in capsys.readouterr().out
     assert main(["show", "causal", "--arch", "sm_90a"]) == 0
@@ -594,7 +596,10 @@ def test_cli_plan_and_show_explain_the_auto_choice(capsys: pytest.CaptureFixture
     assert "-- schedule v3" in out and "//    1. schedule 'auto' on sm_90 -> v3" in out
     assert main(["show", "causal", "--arch", "sm_90a", "--head-dim", "96"]) == 0
     out = capsys.readouterr().out
-    assert "-- schedule v2" in out and "//    1. schedule 'auto' on sm_90 -> v2: v3 needs head_dim % 64" in out
+    assert "-- schedule v3" in out and "static constexpr int D = 96;" in out
+    assert main(["show", "causal", "--arch", "sm_90a", "--option", "q_in_regs=true"]) == 0
+    out = capsys.readouterr().out
+    assert "-- schedule v2" in out and "//    1. schedule 'auto' on sm_90 -> v2: expected v3 plan options" in out
 
 
 def test_cli_plan_sram_budget(capsys: pytest.CaptureFixture) -> None:

@@ -71,6 +71,23 @@ def test_plan_choices(d, block_n, stages):
     assert "reads buffers" not in plan_v3(build_ir(presets.causal(d)), "sm_90").describe()
 
 
+def test_plan_head_dims_not_multiples_of_64():
+    """96 (and any multiple of 16 up to 256) tiles in zero-padded 64-column boxes: shared memory counts whole
+    boxes, registers the real DV; without a mask, head dims up to 96 take three consumers (PREFERRED_BLOCK_M)."""
+    causal = plan_v3(build_ir(presets.causal(96)), "sm_90")
+    assert (causal.block_m, causal.block_n, causal.stages) == (128, 128, 3)
+    assert causal.smem_bytes == v3_smem_bytes(128, 128, 96, 96, 3) == v3_smem_bytes(128, 128, 128, 128, 3)
+    text = causal.describe()
+    assert "smem rows padded to 128 / 128 columns (TMA zero-fills the rest)" in text
+    assert "O DV/2 = 48" in text and "128*128 + 3*128*(128+128)" in text
+    plain = plan_v3(ProblemDims(96), "sm_90")
+    assert (plain.block_m, plain.consumer_regs) == (192, 160) and "PREFERRED_BLOCK_M" in plain.describe()
+    assert plan_v3(ProblemDims(128), "sm_90").block_m == 128
+    mixed = plan_v3(ProblemDims(192, 96), "sm_90")  # D 3 boxes, DV 2 boxes
+    assert mixed.smem_bytes == v3_smem_bytes(128, mixed.block_n, 192, 128, mixed.stages)
+    assert "smem rows padded" not in plan_v3(ProblemDims(192, 128), "sm_90").describe()
+
+
 @pytest.mark.parametrize("spec, block_n, poly", [
     (presets.softcap(30.0, 64), 144, 4),    # bounded: fixed softmax offset, MUFU-bound at d=64
     (presets.softcap(60.0, 64), 192, 0),    # too wide for a fixed offset: the running maximum, plain's plan
@@ -88,8 +105,10 @@ def test_plan_bounded_score_mod(spec, block_n, poly):
 def test_plan_errors_name_the_numbers():
     with pytest.raises(PlanError, match="v3 needs sm_90a, got sm_80"):
         plan_v3(ProblemDims(128), "sm_80")
-    with pytest.raises(PlanError, match="head_dim=96.*multiples of 64"):
-        plan_v3(ProblemDims(96), "sm_90")
+    with pytest.raises(PlanError, match="multiples of 16 and <= 256.*got head_dim=40, head_dim_v=40"):
+        plan_v3(ProblemDims(40), "sm_90")
+    with pytest.raises(PlanError, match="got head_dim_v=264"):
+        plan_v3(ProblemDims(128, 264), "sm_90")
     with pytest.raises(PlanError, match="BLOCK_N=100: expected a multiple of 16"):
         plan_v3(ProblemDims(128), "sm_90", block_n=100)
     with pytest.raises(PlanError, match=r"smem \d+ B with 4 stage\(s\) > 232448 B"):
@@ -187,7 +206,8 @@ def _ptx(source: str) -> str:
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("head_dim,dtype", [(64, "bf16"), (128, "bf16"), (128, "fp16"), (192, "bf16"), (256, "bf16")])
+@pytest.mark.parametrize("head_dim,dtype", [(64, "bf16"), (96, "bf16"), (128, "bf16"), (128, "fp16"), (192, "bf16"),
+                                            (256, "bf16")])
 def test_nvcc_every_v3_variant_has_wgmma_and_tma(head_dim, dtype):
     jobs = {name: _render(spec).source for name, spec in _specs(head_dim, dtype).items()}
     with ThreadPoolExecutor(max_workers=4) as pool:

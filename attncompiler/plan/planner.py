@@ -18,7 +18,7 @@ from .resources import evaluate
 from .targets import Target, TargetError, get_target
 from .v1 import V1Plan, plan_v1
 from .v2 import V2Plan, candidates_v2, plan_v2
-from .v3 import V3_OPTIONS, plan_v3
+from .v3 import V3_OPTIONS, plan_v3, v3_head_dim_error
 
 __all__ = [
     "Plan", "V1Plan", "V2Plan", "Candidate", "ProblemDims", "PlanError", "IOReport",
@@ -37,7 +37,7 @@ class AutoChoice:
     """The prefill schedule ``schedule="auto"`` picks for one spec on one target, and why.
 
     ``reason`` is the first line of the plan's explanation, e.g. "schedule 'auto' on sm_90 -> v2:
-    v3 needs head_dim % 64 == 0 and <= 256, got head_dim=96".
+    v3 needs head dims that are multiples of 16 and <= 256 (...), got head_dim=40".
     """
 
     schedule: str
@@ -71,10 +71,9 @@ def _v3_refusal(ir_or_dims: Any, t: Target, options: dict[str, Any]) -> str | No
     if foreign:
         return f"expected v3 plan options ({', '.join(V3_OPTIONS[:3])}), got {', '.join(foreign)}"
     dims = resolve_dims(ir_or_dims)
-    bad = [f"{n}={x}" for n, x in (("head_dim", dims.head_dim), ("head_dim_v", dims.head_dim_v))
-           if x % 64 or x > 256]
+    bad = v3_head_dim_error(dims.head_dim, dims.head_dim_v)
     if bad:
-        return f"v3 needs head_dim % 64 == 0 and <= 256, got {', '.join(bad)}"
+        return bad
     try:
         plan_v3(ir_or_dims, t, **options)
     except PlanError as e:
@@ -84,7 +83,7 @@ def _v3_refusal(ir_or_dims: Any, t: Target, options: dict[str, Any]) -> str | No
 
 def choose_auto(ir_or_dims: Any, target: Target | str | None, **options: Any) -> AutoChoice:
     """The prefill schedule of ``schedule="auto"``: v3 on sm_90 (H100 / H200) when :func:`plan_v3`
-    accepts the spec (head dims multiples of 64 up to 256) and the plan ``options``; else v2, with
+    accepts the spec (head dims multiples of 16 up to 256) and the plan ``options``; else v2, with
     v3's refusal as the reason.  Other targets: v2.  (Per call, ``compile`` may still run the decode
     schedule, the v2 varlen kernels, or a tuned plan of another schedule; see ``api.compile``.)
     """
@@ -93,7 +92,7 @@ def choose_auto(ir_or_dims: Any, target: Target | str | None, **options: Any) ->
     if why is None:
         dims = resolve_dims(ir_or_dims)
         return AutoChoice("v3", f"schedule 'auto' on {t.name} -> v3: Hopper (TMA + wgmma) and D={dims.head_dim}, "
-                                f"DV={dims.head_dim_v} are multiples of 64 up to 256")
+                                f"DV={dims.head_dim_v} are multiples of 16 up to 256")
     return AutoChoice("v2", f"schedule 'auto' on {t.name} -> v2: {why}")
 
 

@@ -5,7 +5,9 @@ Facts of the v3 kernel (``templates/v3_fwd.cu.j2``, ``include/attncompiler/v3_fw
 * a CTA is one producer warpgroup (TMA) plus :data:`CONSUMER_WGS` consumer warpgroups, each
   owning :data:`WGMMA_M` = 64 query rows (the M of every wgmma), so BLOCK_M = 64 * consumers;
 * K/V stream through STAGES shared-memory stages; Q, K and V tiles are made of 64-column TMA boxes
-  (128-byte swizzle: :data:`SWIZZLE_BYTES` per row), so D and DV must be multiples of 64;
+  (128-byte swizzle: :data:`SWIZZLE_BYTES` per row); D and DV must be multiples of
+  :data:`HEAD_DIM_MULTIPLE` (the k16 steps of Q K^T), and a head dim that is not a multiple of 64
+  (96) takes ceil(D/64) boxes, the last one zero-filled by TMA beyond D (:func:`v3_padded`);
 * BLOCK_N is the N of the Q K^T wgmma (a multiple of 16 for the k16 steps of P V, <= 256) and
   DV the N of the P V wgmma;
 * per consumer thread the accumulators take O: DV/2 and S: BLOCK_N/2 fp32 registers and P
@@ -36,7 +38,7 @@ __all__ = [
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
     "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE", "SCORE_SKIP_MIN_KEYS",
-    "TILE_WORD_BYTES",
+    "TILE_WORD_BYTES", "HEAD_DIM_MULTIPLE", "v3_padded", "v3_head_dim_error",
 ]
 
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
@@ -53,8 +55,14 @@ CONSUMER_REGS_BY_WGS = {2: CONSUMER_REGS, 3: 160}
 # 112): plain 451 -> 486 / 478 and 449 -> 494 / 506; ALiBi 423 -> 428 / 438 and 410 -> 442 (BN 112).  Not taken
 # where it measured slower or equal: causal d64 433 -> 422-432, document d64 923 -> 726, softcap d64 375 ->
 # 332-362, plain d128 (BN 64) 642 -> 597, causal d128 581 -> 509; sliding windows also pay a higher tiling floor.
-PREFERRED_BLOCK_M = {64: 192}
+# The head dims below 128 that are not multiples of 64 (zero-padded boxes) measured the same way (H100, 2026-11-22,
+# plain, 3 interleaved rounds, BLOCK_M 128 -> 192): d96 577 -> 600, d80 485 -> 540, d32 276 -> 328 TFLOP/s; so
+# every head dim up to 96 takes it (16 and 48 by interpolation).
+PREFERRED_BLOCK_M = {m: 192 for m in range(16, 97, 16)}
 SWIZZLE_BYTES = 128          # TMA SWIZZLE_128B: inner box dim <= 128 bytes = 64 16-bit elements
+HEAD_DIM_MULTIPLE = 16       # D: k16 steps of the Q K^T wgmma; DV: the P V wgmma's N (a multiple of 8) and
+                             # 16-byte chunks of the O copy; both padded to whole 64-column boxes in smem
+HEAD_DIM_MAX_V3 = 256        # wgmma N (DV) and TMA box rows are at most 256
 SMEM_ALIGN_SLACK = 1024      # the 128-byte swizzle needs 1024-byte aligned tiles; dynamic smem is 16
 MBARRIER_BYTES = 8
 TILE_WORD_BYTES = 8          # after the mbarriers: the walk's first block, producer -> consumers (score skip)
@@ -139,10 +147,29 @@ class V3Plan(Plan):
         ]
 
 
+def v3_padded(x: int, eb: int = 2) -> int:
+    """A head dim rounded up to whole TMA boxes of SWIZZLE_BYTES (64 columns of 16-bit elements): its width in
+    shared memory (96 -> 128)."""
+    cols = SWIZZLE_BYTES // eb
+    return -(-x // cols) * cols
+
+
+def v3_head_dim_error(d: int, dv: int) -> str | None:
+    """Why v3 cannot tile these head dims (None: it can)."""
+    bad = [f"{label}={x}" for label, x in (("head_dim", d), ("head_dim_v", dv))
+           if x % HEAD_DIM_MULTIPLE or not 0 < x <= HEAD_DIM_MAX_V3]
+    if not bad:
+        return None
+    return (f"v3 needs head dims that are multiples of {HEAD_DIM_MULTIPLE} and <= {HEAD_DIM_MAX_V3} (k16 steps of "
+            f"Q K^T, wgmma N), got {', '.join(bad)}")
+
+
 def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2) -> int:
-    """Q tile + STAGES x (K + V) tiles + mbarriers + the tile word + the 1024-byte alignment slack (as V3Layout)."""
+    """Q tile + STAGES x (K + V) tiles + mbarriers + the tile word + the 1024-byte alignment slack (as V3Layout);
+    head dims count whole 64-column boxes (:func:`v3_padded`)."""
     n_bars = 2 + 4 * stages
-    return (SMEM_ALIGN_SLACK + eb * (block_m * d + stages * block_n * (d + dv)) + MBARRIER_BYTES * n_bars
+    dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
+    return (SMEM_ALIGN_SLACK + eb * (block_m * dp + stages * block_n * (dp + dvp)) + MBARRIER_BYTES * n_bars
             + TILE_WORD_BYTES)
 
 
@@ -239,11 +266,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         raise PlanError(f"v3: expected num_warps={nw} (1 producer + {nc} consumer warpgroups), "
                         f"got {num_warps}")
     cols = SWIZZLE_BYTES // eb
-    bad = [f"{label}={x}" for label, x in (("head_dim", d), ("head_dim_v", dv)) if x % cols or x > 256]
+    bad = v3_head_dim_error(d, dv)
     if bad:
-        raise PlanError(f"v3 cannot tile {', '.join(bad)}: expected multiples of {cols} (one {SWIZZLE_BYTES}-byte "
-                        f"swizzled TMA box is {cols} columns) and <= 256 (wgmma N, TMA box rows); use "
-                        f"schedule='v2' for this head dim")
+        raise PlanError(f"{bad}; use schedule='v2' for this head dim")
     if exp2_poly is not None and (isinstance(exp2_poly, bool) or not isinstance(exp2_poly, int)
                                   or not 0 <= exp2_poly <= 8):
         raise PlanError(f"v3: expected exp2_poly an int in 0..8 (n8 tiles of every 8), got {exp2_poly!r}")
@@ -284,9 +309,12 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if chosen is None:
         raise PlanError(f"no feasible v3 plan on {t.name} (D={d}, DV={dv}, stages={stages}): " + "; ".join(rejected))
     bn, smem, regs, st = chosen
+    dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     reasons = [
-        f"D={d}, DV={dv} ({dims.dtype}): multiples of {cols} (TMA boxes of {SWIZZLE_BYTES} bytes, 128-byte swizzle) "
-        f"and <= 256",
+        (f"D={d}, DV={dv} ({dims.dtype}): multiples of {HEAD_DIM_MULTIPLE} (k16 steps) and <= {HEAD_DIM_MAX_V3}, "
+         f"in TMA boxes of {cols} columns ({SWIZZLE_BYTES} bytes, 128-byte swizzle)"
+         + ("" if (d % cols, dv % cols) == (0, 0) else
+            f"; smem rows padded to {v3_padded(d, eb)} / {v3_padded(dv, eb)} columns (TMA zero-fills the rest)")),
         f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {nc} consumer warpgroups = {bm}{bm_why}; one producer warpgroup "
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
@@ -295,7 +323,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
         f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)",
-        f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{d} + {st}*{bn}*({d}+{dv})) + {MBARRIER_BYTES}*"
+        f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "

@@ -23,9 +23,14 @@ struct V3Layout {
   static constexpr int NC = Cfg::NC;                  // consumer warpgroups
   static constexpr int NTHREADS = 128 * (NC + 1);
   static constexpr int BOX_COLS = 64;                 // 128 bytes: the 128-byte swizzle's row
-  static constexpr int kQBytes = BM * D * 2;
-  static constexpr int kKBytes = BN * D * 2;
-  static constexpr int kVBytes = BN * DV * 2;
+  // 64-column boxes per row of Q / K (DB) and of V (DVB). A head dim that is not a multiple of 64
+  // (96, 80, ...) takes a last box whose columns >= D lie outside the tensor: TMA writes them as zeros
+  // (and counts their bytes), the Q K^T wgmma's k16 steps stop at D, and the P V wgmma's N is DV.
+  static constexpr int DB = (D + BOX_COLS - 1) / BOX_COLS;
+  static constexpr int DVB = (DV + BOX_COLS - 1) / BOX_COLS;
+  static constexpr int kQBytes = BM * DB * 128;
+  static constexpr int kKBytes = BN * DB * 128;
+  static constexpr int kVBytes = BN * DVB * 128;
   static constexpr int kStageBytes = kKBytes + kVBytes;
   static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
   static constexpr int kNumBars = 2 + 4 * STAGES;
@@ -36,7 +41,7 @@ struct V3Layout {
   static constexpr int NO = DV / 2;                   // O accumulator floats per thread
   static constexpr int KT_PV = BN / 16;               // k16 steps of P V
 
-  static_assert(D % 64 == 0 && DV % 64 == 0, "v3 tiles head dims in 64-column (128-byte) TMA boxes");
+  static_assert(D % 16 == 0 && DV % 16 == 0, "head dims: k16 steps of Q K^T, 16-byte rows of the O copy");
   static_assert(D <= 256 && DV <= 256, "wgmma N and TMA box rows are at most 256");
   static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N: a multiple of 16 in [16, 256]");
   static_assert(BM == 64 * NC && NC >= 1 && NC <= 3, "each consumer warpgroup owns 64 query rows (1..3 of them)");

@@ -25,12 +25,14 @@
 //
 // Shared memory (from a 1024-byte aligned base; 128-byte swizzle, so every tile is made of
 // 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
-//   Q: D/64 boxes of BLOCK_M rows | per stage: K (D/64 boxes of BLOCK_N rows), V (DV/64 boxes) |
+//   Q: ceil(D/64) boxes of BLOCK_M rows | per stage: K (ceil(D/64) boxes of BLOCK_N rows), V (ceil(DV/64)
+//   boxes) | (a head dim that is not a multiple of 64 leaves its last box's upper columns zero-filled)
 //   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free | the tile word.
 // wgmma operands: Q and K are K-major (the head dim is contiguous; descriptor SBO = 1024 between
 // 8-row groups, a k16 step advances the start address 32 bytes inside the 128-byte row); V is
 // MN-major for O += P V (transposed B: LBO = BLOCK_N*128 between 64-column boxes, SBO = 1024
-// between 8-row groups of keys, a k16 step advances 2048 bytes).
+// between 8-row groups of keys, a k16 step advances 2048 bytes; with DV = 96 the wgmma's N of 96 reads
+// the first box and half of the second).
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
@@ -95,7 +97,7 @@ __device__ __forceinline__ void v3_scale_q(unsigned int sQ, int wg, float c) {
   static_assert(kChunks % 128 == 0, "whole chunks per thread");
   const int tid = threadIdx.x & 127;
 #pragma unroll
-  for (int box = 0; box < L::D / 64; ++box) {
+  for (int box = 0; box < L::DB; ++box) {
 #pragma unroll
     for (int it = 0; it < kChunks / 128; ++it) {
       const unsigned int addr = sQ + box * L::BM * 128 + wg * 64 * 128 + (tid + 128 * it) * 16;
@@ -154,7 +156,7 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
     }
   }
   AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);
-  constexpr bool kCanStage = !Cfg::PERSISTENT && L::DV <= L::D;
+  constexpr bool kCanStage = !Cfg::PERSISTENT && L::DVB <= L::DB;  // O's boxes fit in Q's
   const bool staged = kCanStage && ((reinterpret_cast<unsigned long long>(gO) | (unsigned long long)(p.o_sn * 2)) & 15) == 0;
   if (staged) {
     // this warpgroup's rows of the Q tile: box c at sQ + c * BM * 128, its row r at (64 wg + r) * 128
@@ -267,7 +269,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         mbar_arrive_expect_tx(barQ, L::kQBytes);
       }
 #pragma unroll
-      for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q_block * BM, h, b, barQ);
+      for (int c = 0; c < L::DB; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q_block * BM, h, b, barQ);
     }
   }
   __syncthreads();
@@ -288,7 +290,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         const unsigned int sV = sKV0 + sv * L::kStageBytes + L::kKBytes;
         mbar_arrive_expect_tx(full_v(sv), L::kVBytes);
 #pragma unroll
-        for (int c = 0; c < L::DV / 64; ++c) tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, jv * BN, h_kv, b, full_v(sv));
+        for (int c = 0; c < L::DVB; ++c) tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, jv * BN, h_kv, b, full_v(sv));
       };
       int it = 0;
       for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
@@ -310,7 +312,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
             mbar_arrive_expect_tx(barQ, L::kQBytes);
           }
 #pragma unroll
-          for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
+          for (int c = 0; c < L::DB; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
         };
         // SCORE_SKIP: the walk's first block (v3_skip_begin; its global load runs while the first
         // copies fly) goes to the tile word, and this thread's arrival on barQ releases it with Q, so
@@ -335,7 +337,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           const unsigned int sK = sKV0 + s * L::kStageBytes;
           mbar_arrive_expect_tx(full_k(s), L::kKBytes);
 #pragma unroll
-          for (int c = 0; c < L::D / 64; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
+          for (int c = 0; c < L::DB; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
           if (j == j_first) {
             if (it > 0) load_q();
             publish_walk();
