@@ -15,7 +15,7 @@ def main() -> int:
     from attncompiler.runtime.compiler import precompile_to_disk
     from attncompiler.spec import presets
 
-    specs = [T.spec_for(n, d, dt, s) for n in T.PRESET_NAMES for d in (64, 128, 256) for dt in ("bf16", "fp16")
+    specs = [T.spec_for(n, d, dt, s) for n in T.PRESET_NAMES for d in (64, 96, 128, 256) for dt in ("bf16", "fp16")
              for s in T.SEQLENS]
     specs += [T.spec_for(n, 192, "bf16", 1023) for n in ("plain", "causal", "softcap")]
     jobs = []
