@@ -71,6 +71,8 @@ CASES = [
     ("softcap", 64, 1, 4, 4, 1023, 1023, {}),
     ("softcap", 64, 1, 4, 4, 1023, 1023, {"block_m": 192, "block_n": 96}),
     ("softcap", 256, 1, 2, 2, 1023, 1023, {}),
+    ("softcap", 96, 1, 4, 4, 1023, 1023, {}),                          # a zero-padded second box scaled too
+    ("softcap", 96, 2, 4, 2, 1500, 4100, {"persistent": True}),
     ("softcap_causal", 128, 1, 4, 4, 1023, 1023, {}),
     ("cap_per_head", 128, 1, 4, 4, 1023, 1023, {}),
 ]

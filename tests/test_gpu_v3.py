@@ -145,7 +145,7 @@ def test_three_consumers(name):
 
 @needs_hopper
 @pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_persistent(name, head_dim):
     # B*H*query blocks > SMs at 4096, so CTAs loop over several tiles (Q reload, ring across tiles)
     for n in (113, 1023, 4096):
