@@ -368,7 +368,7 @@ def compile(
 
     ``schedule="auto"`` picks the prefill schedule: a plan autotuned on this GPU when one exists
     (below), else :func:`attncompiler.plan.planner.choose_auto` -- v3 on sm_90 (H100 / H200) when
-    v3 supports the spec (head dims multiples of 64 up to 256) and the plan options, otherwise v2,
+    v3 supports the spec (head dims multiples of 16 up to 256) and the plan options, otherwise v2,
     the reason first in ``.plan.reasons``.  Per call it still runs the split-KV "decode" schedule
     when Nq <= 16 and Nk >= 512 (:func:`attncompiler.plan.decode.decode_applies`), the v2 varlen
     kernels for packed sequences (``cu_seqlens_*``), and the v2 kernel for a v3 kernel's inputs
