@@ -38,7 +38,7 @@ __all__ = [
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
     "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE", "SCORE_SKIP_MIN_KEYS",
-    "TILE_WORD_BYTES", "HEAD_DIM_MULTIPLE", "v3_padded", "v3_head_dim_error",
+    "TILE_WORD_BYTES", "HEAD_DIM_MULTIPLE", "HEAD_DIM_MAX_V3", "v3_padded", "v3_head_dim_error",
 ]
 
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
@@ -314,7 +314,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         (f"D={d}, DV={dv} ({dims.dtype}): multiples of {HEAD_DIM_MULTIPLE} (k16 steps) and <= {HEAD_DIM_MAX_V3}, "
          f"in TMA boxes of {cols} columns ({SWIZZLE_BYTES} bytes, 128-byte swizzle)"
          + ("" if (d % cols, dv % cols) == (0, 0) else
-            f"; smem rows padded to {v3_padded(d, eb)} / {v3_padded(dv, eb)} columns (TMA zero-fills the rest)")),
+            f"; smem rows padded to {dp} / {dvp} columns (TMA zero-fills the rest)")),
         f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {nc} consumer warpgroups = {bm}{bm_why}; one producer warpgroup "
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
