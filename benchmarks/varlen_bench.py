@@ -1,7 +1,10 @@
 """Packed sequences (varlen) vs the same batch padded to its longest sequence: forward and
 forward+backward times (median of triton.testing.do_bench), causal, bf16.
 
-    PYTHONPATH=. python3 benchmarks/varlen_bench.py [--head-dim 128] [--heads 16]
+    PYTHONPATH=. python3 benchmarks/varlen_bench.py [--head-dim 128] [--heads 16] [--schedule v2|v3|auto]
+
+The schedule is the compiled kernel's (v3: Hopper; packed batches then run the v3 varlen forward; the
+backward is v2's either way).
 """
 from __future__ import annotations
 
@@ -19,11 +22,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--schedule", default="v2")
     args = ap.parse_args()
     D, H = args.head_dim, args.heads
-    kern = ac.compile(presets.causal(D), "v2")
+    kern = ac.compile(presets.causal(D), args.schedule)
     g = torch.Generator().manual_seed(0)
-    print(f"{torch.cuda.get_device_name()}  causal bf16 d={D} H={H}")
+    print(f"{torch.cuda.get_device_name()}  causal bf16 d={D} H={H} schedule={kern.schedule}")
     print(f"{'seqlens':44s} {'fwd varlen':>11s} {'fwd padded':>11s} {'f+b varlen':>11s} {'f+b padded':>11s}")
     rand = torch.randint(1, 2048, (32,), generator=g).tolist()
     for lens in ([4096] * 4, [512, 3000, 128, 4096, 1000, 77, 2048, 300], rand):

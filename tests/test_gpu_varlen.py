@@ -15,6 +15,27 @@ from attncompiler.testing_varlen import check_varlen_grads, check_varlen_kernel,
 
 pytestmark = pytest.mark.gpu
 
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# The forward schedules of packed batches: v2, and v3 (TMA maps over the packed rows) on an sm_90 GPU; the backward
+# is v2's either way.
+SCHEDULES = ["v2", pytest.param("v3", marks=pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU"))]
+
+
+def _compile(spec: ac.AttentionSpec, schedule: str):
+    kern = ac.compile(spec, schedule)
+    assert kern.schedule == schedule
+    return kern
+
+
+def _ran_v3_varlen() -> bool:
+    from attncompiler.runtime import varlen as rv
+
+    return any(key[0] == "v3" for key in rv._sources)
+
 SEQ_Q = (0, 1, 113, 1023, 7, 256)
 SEQ_K = (5, 0, 200, 1023, 64, 300)  # cross attention: b=0 keys without queries, b=1 a query without keys
 NB = len(SEQ_Q)
@@ -54,11 +75,12 @@ def _spec(name: str, head_dim: int, dtype: str) -> ac.AttentionSpec:
     raise KeyError(name)
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("name", ["plain", "causal"])
-def test_varlen_forward_backward(name, head_dim, dtype):
-    kern = ac.compile(_spec(name, head_dim, dtype), "v2")
+def test_varlen_forward_backward(name, head_dim, dtype, schedule):
+    kern = _compile(_spec(name, head_dim, dtype), schedule)
     for sq, sk in ((SEQ_Q, SEQ_Q), (SEQ_Q, SEQ_K)):
         res = check_varlen_kernel(kern, sq, sk, H=4)
         assert res.ok, f"forward {name} d={head_dim} {dtype}: {res}"
@@ -68,9 +90,10 @@ def test_varlen_forward_backward(name, head_dim, dtype):
 
 @pytest.mark.parametrize("name", ["sliding_window", "prefix_lm", "prefix_per_seq", "document", "key_padding",
                                   "alibi_causal", "softcap", "dropout"])
-def test_varlen_variants(name):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_varlen_variants(name, schedule):
     for head_dim, dtype in ((128, "bf16"), (64, "fp16")):
-        kern = ac.compile(_spec(name, head_dim, dtype), "v2")
+        kern = _compile(_spec(name, head_dim, dtype), schedule)
         res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=4)
         assert res.ok, f"forward {name} d={head_dim} {dtype}: {res}"
         res = check_varlen_grads(kern, SEQ_Q, SEQ_K, H=4, use_lse=name == "key_padding")
@@ -104,9 +127,10 @@ def test_varlen_captured_learnable_table_gets_grad():
         (packed - table.grad).abs().max()
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_varlen_gqa(deterministic):
-    kern = ac.compile(_spec("causal", 128, "bf16"), "v2")
+def test_varlen_gqa(deterministic, schedule):
+    kern = _compile(_spec("causal", 128, "bf16"), schedule)
     res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=6, H_kv=2)
     assert res.ok, f"forward GQA: {res}"
     res = check_varlen_grads(kern, SEQ_Q, SEQ_K, H=6, H_kv=2, deterministic=deterministic, use_lse=True)
@@ -126,9 +150,10 @@ def test_varlen_deterministic_is_bitwise_repeatable():
         assert torch.equal(a, b)
 
 
-def test_varlen_equals_padded_batch_bitwise():
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_varlen_equals_padded_batch_bitwise(schedule):
     """Equal lengths: the packed kernel computes exactly what the padded kernel does."""
-    kern = ac.compile(_spec("causal", 128, "bf16"), "v2")
+    kern = _compile(_spec("causal", 128, "bf16"), schedule)
     B, H, N = 3, 4, 333
     q, k, v, cu_q, cu_k = make_varlen_inputs(kern, (N,) * B, (N,) * B, H)
     o_pack, lse_pack = kern(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True)
@@ -164,10 +189,11 @@ def test_varlen_bad_inputs_on_gpu():
     torch.cuda.synchronize()  # nothing above reached the GPU as a bad launch
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("head_dim", [32, 96, 256])
-def test_varlen_other_head_dims(head_dim):
+def test_varlen_other_head_dims(head_dim, schedule):
     """Other backward plans (d=256 splits dK and dV into two launches)."""
-    kern = ac.compile(_spec("causal", head_dim, "bf16"), "v2")
+    kern = _compile(_spec("causal", head_dim, "bf16"), schedule)
     res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=2)
     assert res.ok, f"forward d={head_dim}: {res}"
     for det in (False, True):
@@ -196,3 +222,29 @@ def test_varlen_torch_compile_fullgraph():
         grads.append(torch.autograd.grad(fn(*leaves), leaves))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
+def test_varlen_v3_runs_the_v3_kernel_and_masks_the_next_sequence():
+    """An "auto" kernel on Hopper is v3 and its packed batches run the v3 varlen kernel: the TMA boxes of a sequence's
+    last K/V block read the next sequence's rows, which must get P = 0 (huge keys there would dominate any row
+    that saw them); a persistent or score-skip plan drops those options for the packed kernel."""
+    from attncompiler.runtime import varlen as rv
+
+    rv._sources.clear()
+    kern = ac.compile(_spec("plain", 128, "bf16"))
+    assert kern.schedule == "v3"
+    seq = (100, 37, 300)
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kern, seq, seq, 2)
+    k[100:137] *= 50.0  # sequence 1's keys: scores ~50x larger than anything sequence 0 sees
+    v[100:137] = 1e4
+    out = kern(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert _ran_v3_varlen()
+    ref = torch.cat([kern(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None])
+                     [0].transpose(0, 1) for a, b in ((0, 100), (100, 137), (137, 437))])
+    assert torch.equal(out, ref)  # each sequence alone through the padded v3 kernel: bitwise the same
+    for opts in ({"persistent": True}, {"score_skip": True}):
+        spec = presets.alibi(presets.alibi_slopes(2), 128) if "score_skip" in opts else _spec("causal", 128, "bf16")
+        kern = ac.compile(spec, "v3", **opts)
+        res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=2)
+        assert res.ok, f"{opts}: {res}"

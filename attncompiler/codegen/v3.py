@@ -39,7 +39,12 @@ class V3Schedule:
                                 f"use schedule='v2' there")
         return plan_v3(ir, target, **options)
 
-    def render(self, ir: AttentionIR, plan: V3Plan, target: Target) -> KernelSource:
+    def render(self, ir: AttentionIR, plan: V3Plan, target: Target, *, varlen: bool = False) -> KernelSource:
+        """The translation unit of ``plan``; ``varlen``: the packed-sequence kernel (runtime/varlen.py), one tile
+        per CTA without the score skip."""
+        if varlen and (plan.persistent or plan.score_skip):
+            raise ScheduleError(f"v3 varlen: expected a plan without persistent / score_skip, got persistent="
+                                f"{plan.persistent}, score_skip={plan.score_skip}")
         src = render_source(
             self.template,
             name=ir.name,
@@ -60,6 +65,7 @@ class V3Schedule:
             score_skip=plan.score_skip,
             q_prescale=plan.q_prescale,
             smem_bytes=plan.smem_bytes,
+            varlen=varlen,
         )
         # wgmma and setmaxnreg exist only on the arch-specific target
         return KernelSource(self.name, "attn_fwd", "sm_90a", src, plan, plan.num_threads, plan.smem_bytes)

@@ -8,8 +8,10 @@ sequences are allowed (no rows: nothing is computed; queries with no keys get ou
 
 The kernels are the v2 ones rendered with ``varlen=True`` (templates/include/attncompiler/varlen.cuh:
 each CTA takes the view of its sequence at entry), so the Variant hooks see b = the sequence index,
-sequence-local q_idx / kv_idx and Q_LEN / KV_LEN of the sequence.  The forward always runs the v2
-schedule (the kernel's own plan when it was compiled with v2, else the v2 planner's choice).
+sequence-local q_idx / kv_idx and Q_LEN / KV_LEN of the sequence.  The forward runs the v3 schedule
+when the kernel was compiled with v3 (Hopper) and the copy engine can describe q, k and v (TMA maps over
+(D, total rows, heads): the kernel's plan, one tile per CTA, no score skip), else v2 (the kernel's own
+plan when it was compiled with v2, else the v2 planner's choice).  The backward is v2's.
 
 :func:`check_varlen` copies the two cu_seqlens to the host (one device sync each) to check that they
 are monotone and consistent with the tensors -- an inconsistent cu_seqlens would otherwise become
@@ -19,6 +21,7 @@ backward, sync once.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from dataclasses import dataclass
@@ -193,11 +196,19 @@ _sources: dict[tuple, KernelSource] = {}
 _loaded: dict[tuple, LoadedKernel] = {}
 
 
-def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSource | None = None) -> KernelSource:
-    """The varlen forward translation unit: ``kernel_source``'s v2 plan, else the v2 planner's (cached)."""
-    sched = get_schedule("v2")
-    plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
-    key = (ir.key(), target.name, None if plan is None else plan.describe())
+def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSource | None = None,
+                      schedule: str = "v2") -> KernelSource:
+    """The varlen forward translation unit (cached).  ``schedule`` "v2": ``kernel_source``'s v2 plan, else the
+    v2 planner's; "v3": ``kernel_source``'s v3 plan (which must be given) without the persistent grid and the
+    score skip."""
+    sched = get_schedule(schedule)
+    if schedule == "v3":
+        if kernel_source is None or kernel_source.schedule != "v3":
+            raise ValueError("varlen_fwd_source: the v3 varlen kernel takes a v3 kernel's plan")
+        plan = dataclasses.replace(kernel_source.plan, persistent=False, score_skip=False)
+    else:
+        plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
+    key = (schedule, ir.key(), target.name, None if plan is None else plan.describe())
     with _lock:
         hit = _sources.get(key)
     if hit is None:
@@ -205,6 +216,27 @@ def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSour
         with _lock:
             hit = _sources.setdefault(key, hit)
     return hit
+
+
+def _v3_applies(kernel_source: KernelSource | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the packed batch runs the v3 varlen kernel: a v3 kernel, and q, k, v the copy engine can address."""
+    if kernel_source is None or kernel_source.schedule != "v3":
+        return False
+    from .tma import tma_layout_error
+
+    return all(tma_layout_error(n, _as4(t)) is None for n, t in (("q", q), ("k", k), ("v", v)))
+
+
+def _v3_maps(P: Any, vi: VarlenInputs, ks: KernelSource) -> Any:
+    """``struct V3Maps`` of the packed tensors: (D, total rows, heads, 1), boxes of BLOCK_M / BLOCK_N rows."""
+    from .tma import encode_attn_map, tma_maps_struct
+
+    dt, bm, bn = ks.plan.dtype, ks.plan.block_m, ks.plan.block_n
+    return tma_maps_struct((
+        encode_attn_map("q", P.q, (1, vi.H, vi.total_q, vi.D), (0, P.q_sh, P.q_sn), dt, bm),
+        encode_attn_map("k", P.k, (1, vi.H_kv, vi.total_k, vi.D), (0, P.k_sh, P.k_sn), dt, bn),
+        encode_attn_map("v", P.v, (1, vi.H_kv, vi.total_k, vi.DV), (0, P.v_sh, P.v_sn), dt, bn),
+    ))
 
 
 def _load(ks: KernelSource, device: int) -> LoadedKernel:
@@ -251,7 +283,8 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    ks = varlen_fwd_source(ir, target, kernel_source)
+    v3 = _v3_applies(kernel_source, q, k, v)
+    ks = varlen_fwd_source(ir, target, kernel_source, "v3" if v3 else "v2")
     loaded = _load(ks, _dev_index(q))
     bufs = prepare_buffers(ir, buffers, q.device)
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -261,7 +294,12 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
     _set_cu(P, cu_q, cu_k)
     grid = (-(-vi.max_q // ks.plan.block_m), vi.B * vi.H, 1)
     with torch.cuda.device(q.device):
-        launch(loaded.ptr, grid, ks.threads, ks.smem_bytes, P, Bf, q.device)
+        if v3:
+            from .launch import launch_structs
+
+            launch_structs(loaded.ptr, grid, ks.threads, ks.smem_bytes, (P, Bf, _v3_maps(P, vi, ks)), q.device)
+        else:
+            launch(loaded.ptr, grid, ks.threads, ks.smem_bytes, P, Bf, q.device)
     return o, lse
 
 

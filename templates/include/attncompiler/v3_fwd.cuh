@@ -39,7 +39,8 @@
 // BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
 // tiles of S, how many take their exponentials on the FMA pipes: 0..8), KV_DESCENDING (the walk's
 // order), SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin) and Q_PRESCALE
-// (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q).
+// (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q) and VARLEN (packed sequences:
+// TMA rows offset by the sequence's first row, V3Rows).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -69,6 +70,23 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
     bh = blockIdx.y;
   }
 }
+
+// TMA coordinates (row, batch) of a tile's rows: the padded layout addresses row r of batch b as (r, b); packed
+// sequences (Cfg::VARLEN: the maps span (D, total rows, heads, 1), and p is the sequence's view, varlen.cuh) as
+// (first row of sequence b + r, 0). Rows past the sequence's end are the next sequence's: the kernel masks keys
+// kv >= Nk (the ragged last block: P = 0) and never stores query rows >= Nq.
+template <class Cfg>
+struct V3Rows {
+  int q_start = 0, k_start = 0, batch = 0;
+  __device__ __forceinline__ V3Rows(const AttnParams& p, int b) {
+    if constexpr (Cfg::VARLEN) {
+      q_start = p.cu_seqlens_q[b];
+      k_start = p.cu_seqlens_k[b];
+    } else {
+      batch = b;
+    }
+  }
+};
 
 // K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/scoreskip.py; score_skip.cuh has the
 // argument). Here the offset is the lazy one (kRescaleSlack), and with slope > 0 the descending walk
@@ -213,6 +231,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
   constexpr bool kPersistent = Cfg::PERSISTENT;
+  static_assert(!Cfg::VARLEN || (!Cfg::PERSISTENT && !Cfg::SCORE_SKIP),
+                "packed sequences: one tile per CTA (the entry takes the sequence's view), no score skip");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned int base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -262,6 +282,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       int q_block, bh;
       v3_tile<kPersistent>(tile0, num_qb, p, q_block, bh);
       const int b = bh / p.H, h = bh % p.H;
+      const V3Rows<Cfg> rows(p, b);
       // SCORE_SKIP: the arrival comes later, with the tile word (the producer's publish_walk)
       if constexpr (Cfg::SCORE_SKIP) {
         mbar_expect_tx(barQ, L::kQBytes);
@@ -269,7 +290,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         mbar_arrive_expect_tx(barQ, L::kQBytes);
       }
 #pragma unroll
-      for (int c = 0; c < L::DB; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q_block * BM, h, b, barQ);
+      for (int c = 0; c < L::DB; ++c)
+        tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, rows.q_start + q_block * BM, h, rows.batch, barQ);
     }
   }
   __syncthreads();
@@ -285,18 +307,20 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       // i % STAGES of the K and the V ring; a slot is refilled once every consumer thread released it.
       int s = 0, i = 0;
       unsigned int phase = 0;
-      auto load_v = [&](int jv, int b, int h_kv, int sv, unsigned int ph, int iv) {
+      auto load_v = [&](int jv, const V3Rows<Cfg>& rows, int h_kv, int sv, unsigned int ph, int iv) {
         if (iv >= STAGES) mbar_wait(empty_v(sv), ph ^ 1u);
         const unsigned int sV = sKV0 + sv * L::kStageBytes + L::kKBytes;
         mbar_arrive_expect_tx(full_v(sv), L::kVBytes);
 #pragma unroll
-        for (int c = 0; c < L::DVB; ++c) tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, jv * BN, h_kv, b, full_v(sv));
+        for (int c = 0; c < L::DVB; ++c)
+          tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, rows.k_start + jv * BN, h_kv, rows.batch, full_v(sv));
       };
       int it = 0;
       for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
         int q_block, bh;
         v3_tile<kPersistent>(tile, num_qb, p, q_block, bh);
         const int b = bh / p.H, h = bh % p.H, h_kv = h / (p.H / p.H_kv);
+        const V3Rows<Cfg> rows(p, b);
         const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
         KvWalk<BN, Cfg::KV_DESCENDING> walk;
         kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
@@ -312,7 +336,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
             mbar_arrive_expect_tx(barQ, L::kQBytes);
           }
 #pragma unroll
-          for (int c = 0; c < L::DB; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, q0, h, b, barQ);
+          for (int c = 0; c < L::DB; ++c)
+            tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, rows.q_start + q0, h, rows.batch, barQ);
         };
         // SCORE_SKIP: the walk's first block (v3_skip_begin; its global load runs while the first
         // copies fly) goes to the tile word, and this thread's arrival on barQ releases it with Q, so
@@ -337,13 +362,14 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           const unsigned int sK = sKV0 + s * L::kStageBytes;
           mbar_arrive_expect_tx(full_k(s), L::kKBytes);
 #pragma unroll
-          for (int c = 0; c < L::DB; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, j * BN, h_kv, b, full_k(s));
+          for (int c = 0; c < L::DB; ++c)
+            tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, rows.k_start + j * BN, h_kv, rows.batch, full_k(s));
           if (j == j_first) {
             if (it > 0) load_q();
             publish_walk();
           }
           AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_first);
-          if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
+          if (j_prev >= 0) load_v(j_prev, rows, h_kv, s_prev, phase_prev, i - 1);
           j_prev = j;
           s_prev = s;
           phase_prev = phase;
@@ -352,7 +378,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
             phase ^= 1u;
           }
         }
-        if (j_prev >= 0) load_v(j_prev, b, h_kv, s_prev, phase_prev, i - 1);
+        if (j_prev >= 0) load_v(j_prev, rows, h_kv, s_prev, phase_prev, i - 1);
       }
     }
     return;
