@@ -1,6 +1,7 @@
 """Core IR value types shared by the whole pipeline (spec -> ir -> plan -> codegen -> runtime)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -67,7 +68,12 @@ class AttentionIR:
         """Hashable identity of the generated code (for caches).
 
         Structural only: buffer values, the softmax scale and the dropout probability are run-time
-        kernel parameters, so they are left out (only whether dropout is on matters)."""
+        kernel parameters, so they are left out (only whether dropout is on matters).  Computed once
+        per IR (``sympy.srepr`` of the expressions takes ~100 us; the per-call paths ask for it)."""
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> tuple:
         return (
             self.head_dim,
             self.head_dim_v,

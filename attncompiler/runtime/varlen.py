@@ -201,17 +201,18 @@ def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSour
     """The varlen forward translation unit (cached).  ``schedule`` "v2": ``kernel_source``'s v2 plan, else the
     v2 planner's; "v3": ``kernel_source``'s v3 plan (which must be given) without the persistent grid and the
     score skip."""
-    sched = get_schedule(schedule)
-    if schedule == "v3":
-        if kernel_source is None or kernel_source.schedule != "v3":
-            raise ValueError("varlen_fwd_source: the v3 varlen kernel takes a v3 kernel's plan")
-        plan = dataclasses.replace(kernel_source.plan, persistent=False, score_skip=False)
-    else:
-        plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
-    key = (schedule, ir.key(), target.name, None if plan is None else plan.describe())
+    # the kernel's source names its plan and IR (a cheap, cached hash): the per-call lookup builds nothing
+    key = (schedule, target.name, ir.key(), kernel_source)
     with _lock:
         hit = _sources.get(key)
     if hit is None:
+        sched = get_schedule(schedule)
+        if schedule == "v3":
+            if kernel_source is None or kernel_source.schedule != "v3":
+                raise ValueError("varlen_fwd_source: the v3 varlen kernel takes a v3 kernel's plan")
+            plan = dataclasses.replace(kernel_source.plan, persistent=False, score_skip=False)
+        else:
+            plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
         hit = sched.render(ir, plan if plan is not None else sched.make_plan(ir, target), target, varlen=True)
         with _lock:
             hit = _sources.setdefault(key, hit)
