@@ -299,3 +299,44 @@ def test_cli_plan_options(capsys):
     ):
         assert main(argv) == 2
         assert expected in capsys.readouterr().err
+
+
+def test_varlen_source_drops_persistent_and_score_skip():
+    """Packed sequences render the v3 kernel's own plan with varlen=True, minus the persistent grid and the score
+    skip (one tile per CTA: the entry takes the sequence's view); asking the schedule for those is an error."""
+    from attncompiler.runtime.varlen import varlen_fwd_source
+
+    t = get_target("sm_90")
+    kern = ac.compile(presets.alibi(presets.alibi_slopes(4), 128), "v3", target="sm_90", build=False,
+                      persistent=True, score_skip=True)
+    assert kern.plan.persistent and kern.plan.score_skip
+    ks = varlen_fwd_source(kern.ir, t, kern.kernel_source, "v3")
+    assert ks.schedule == "v3" and not ks.plan.persistent and not ks.plan.score_skip
+    assert ks.plan.block_n == kern.plan.block_n and ks.plan.stages == kern.plan.stages
+    assert "static constexpr bool VARLEN = true;" in ks.source and "varlen_fwd_enter" in ks.source
+    assert varlen_fwd_source(kern.ir, t, kern.kernel_source, "v3") is ks  # cached
+    with pytest.raises(ScheduleError, match="v3 varlen: expected a plan without persistent"):
+        get_schedule("v3").render(kern.ir, kern.plan, t, varlen=True)
+    with pytest.raises(ValueError, match="takes a v3 kernel's plan"):
+        varlen_fwd_source(kern.ir, t, None, "v3")
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_varlen_v3_sources():
+    """The packed-sequence v3 kernels (runtime/varlen.py renders them on first use) compile for sm_90a with TMA and
+    wgmma, no spills and no serialized wgmma."""
+    from attncompiler.runtime.varlen import varlen_fwd_source
+
+    t = get_target("sm_90")
+    specs = [presets.causal(128), presets.plain(96), presets.document(presets.document_ids(1000, 3), 64),
+             ac.AttentionSpec(head_dim=128, dropout_p=0.1, causal=True)]
+    srcs = [varlen_fwd_source(build_ir(s), t, ac.compile(s, "v3", target="sm_90", build=False).kernel_source,
+                              "v3").source for s in specs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        reps = list(pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), srcs))
+        ptx = list(pool.map(_ptx, srcs))
+    for spec, rep, p in zip(specs, reps, ptx):
+        assert "cp.async.bulk.tensor.4d" in p and "wgmma.mma_async.sync.aligned" in p, spec
+        assert "C7520" not in rep.log, f"{spec}: ptxas serialized the wgmma instructions"
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{spec}: spills\n{rep.log}"
