@@ -14,7 +14,17 @@ tile, with the plan's block sizes -- so the tiling math of every schedule is pro
   row that has seen nothing yet referenced as 0 so that exp2(-inf - ref) = 0, O rescaled by
   alpha = 2^(m_old - m_new) per tile, one final division by l; LSE = (m + log2 l) ln 2.
 
-Both classify every tile ``[q_lo, q_hi] x [kv_lo, kv_hi]`` (inclusive, clipped to the sequence
+* **v3** (FlashAttention-3 style forward, Hopper): Q tiles of BLOCK_M = 64 x consumers rows, each consumer
+  warpgroup owning 64 of them with its own (m, l, O); the CTA walks the K/V blocks not EMPTY for *all* its
+  rows, ascending or (``kv_descending``) from the last block down, and every warpgroup takes every
+  visited block: one that is EMPTY for a warpgroup's rows goes through the masked softmax and adds
+  nothing.  The offset is lazy (FlashAttention-4's rescaling): it moves to a block's row maximum only
+  when that exceeds it by more than :data:`V3_RESCALE_SLACK` (log2 units), so P reaches 2^8; a bounded
+  score_mod (softcap) instead fixes the offset at the first visited block's row maximum clamped into
+  the window of :func:`attncompiler.codegen.hooks.static_offset_of`.  (The score skip and the rounding
+  of P to 16 bits are precision features the float64 simulation leaves out.)
+
+All three classify every tile ``[q_lo, q_hi] x [kv_lo, kv_hi]`` (inclusive, clipped to the sequence
 lengths, as the kernels do) with the IR's :class:`~attncompiler.ir.bounds.TileClassifier`:
 EMPTY tiles are skipped (no score, no softmax update), FULL tiles run without evaluating the mask,
 PARTIAL tiles evaluate it.  So the result matches the reference only if the classifier is right.
@@ -39,10 +49,16 @@ from .spec.symbols import B as SYM_B
 from .spec.symbols import H as SYM_H
 from .spec.symbols import KV_IDX, KV_LEN, Q_IDX, Q_LEN, SCORE
 
-__all__ = ["TileSchedule", "SimStats", "SimResult", "SimulateError", "simulate", "tile_classes", "SIM_SCHEDULES"]
+__all__ = ["TileSchedule", "SimStats", "SimResult", "SimulateError", "simulate", "tile_classes", "SIM_SCHEDULES",
+           "V3_RESCALE_SLACK", "V3_WG_ROWS"]
 
-SIM_SCHEDULES: tuple[str, ...] = ("v1", "v2")
+SIM_SCHEDULES: tuple[str, ...] = ("v1", "v2", "v3")
 _LOG2E = 1.0 / math.log(2.0)
+#: v3: the log2 units a block's row maximum may exceed the offset before it moves (V3Consumer::kRescaleSlack in
+#: templates/include/attncompiler/v3_consumer.cuh; tests/test_simulate.py checks that the two agree)
+V3_RESCALE_SLACK = 8.0
+#: v3: query rows per consumer warpgroup (the M of wgmma; plan/v3.py WGMMA_M)
+V3_WG_ROWS = 64
 
 
 class SimulateError(ValueError):
@@ -65,6 +81,7 @@ class TileSchedule:
     schedule: str
     block_m: int
     block_n: int
+    kv_descending: bool = False  # v3: the K/V walk from the last block down
 
 
 @dataclass(frozen=True)
@@ -267,13 +284,67 @@ def _run_v2(pr: _Problem, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]
     return out, lse
 
 
+def _run_v3(pr: _Problem, bm: int, bn: int, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    from .codegen.hooks import static_offset_of  # lazy: codegen imports the planner
+
+    B, H, Nq, DV = pr.B, pr.H, pr.Nq, pr.DV
+    static = static_offset_of(pr.ir)
+    out = torch.zeros(B, H, Nq, DV, dtype=torch.float64)
+    lse = torch.full((B, H, Nq), -math.inf, dtype=torch.float64)
+    kv_blocks = _blocks(pr.Nk, bn)
+    if descending:
+        kv_blocks = kv_blocks[::-1]
+    for q0, q_hi in _blocks(Nq, bm):  # one CTA per Q tile
+        wgs = [(lo, min(lo + V3_WG_ROWS, q_hi + 1) - 1) for lo in range(q0, q_hi + 1, V3_WG_ROWS)]
+        acc = [torch.zeros(B, H, hi - lo + 1, DV, dtype=torch.float64) for lo, hi in wgs]
+        m = [torch.full((B, H, hi - lo + 1), -math.inf, dtype=torch.float64) for lo, hi in wgs]
+        l = [torch.zeros(B, H, hi - lo + 1, dtype=torch.float64) for lo, hi in wgs]
+        started = torch.zeros(B, H, dtype=torch.bool)  # (b, h) whose walk has visited a block
+        for kv_lo, kv_hi in kv_blocks:
+            visit = pr.tiles.classes(q0, q_hi, kv_lo, kv_hi) != TILE_EMPTY  # the CTA's walk, per (b, h)
+            if not bool(visit.any()):
+                continue
+            vis = visit.view(B, H, 1)
+            for w, (lo, hi) in enumerate(wgs):
+                s = pr.tile_scores(lo, hi, kv_lo, kv_hi)  # this warpgroup's classes; None: EMPTY for all (b, h)
+                if s is None:
+                    s = torch.full((B, H, hi - lo + 1, kv_hi - kv_lo + 1), -math.inf, dtype=torch.float64)
+                x = s * _LOG2E
+                m_tile = x.amax(dim=-1)
+                if static is not None:
+                    first = (~started).view(B, H, 1)
+                    m_ref = torch.where(first, m_tile.clamp(static[0], static[1]), m[w])
+                    alpha = torch.ones_like(m_ref)
+                    m_new = m_ref
+                else:
+                    m_new = torch.where(m_tile > m[w] + V3_RESCALE_SLACK, m_tile, m[w])
+                    m_ref = torch.where(m_new == -math.inf, 0.0, m_new)
+                    alpha = torch.where(m_new == m[w], 1.0, torch.exp2(m[w] - m_ref))
+                p = torch.exp2(x - m_ref.unsqueeze(-1))
+                l_new = l[w] * alpha + p.sum(dim=-1)  # before dropout
+                p = pr.dropped(p, lo, hi, kv_lo, kv_hi)
+                acc_new = acc[w] * alpha.unsqueeze(-1) + p @ pr.v[:, :, kv_lo:kv_hi + 1]
+                acc[w] = torch.where(vis.unsqueeze(-1), acc_new, acc[w])
+                l[w] = torch.where(vis, l_new, l[w])
+                m[w] = torch.where(vis, m_new, m[w])
+            started |= visit
+        for w, (lo, hi) in enumerate(wgs):  # the epilogue: O / l, LSE = (m + log2 l) ln 2
+            ok = (l[w] > 0) & (m[w] != -math.inf)
+            inv = torch.where(ok, 1.0 / torch.where(ok, l[w], 1.0), 0.0)
+            out[:, :, lo:hi + 1] = acc[w] * inv.unsqueeze(-1)
+            lse[:, :, lo:hi + 1] = torch.where(ok, (m[w] + torch.log2(torch.where(ok, l[w], 1.0))) * math.log(2.0),
+                                               -math.inf)
+    return out, lse
+
+
 def simulate(ir: AttentionIR, plan: _HasTiles, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
              buffers: Optional[Mapping[str, torch.Tensor]] = None, scale: Optional[float] = None,
              dropout_p: Optional[float] = None, seed: int = 0, offset: int = 0) -> SimResult:
     """Run ``plan``'s schedule tile by tile on the CPU in float64 (see the module docstring).
 
-    ``plan``: a :class:`~attncompiler.plan.model.Plan` or :class:`TileSchedule` (``schedule`` "v1"
-    or "v2", ``block_m`` query rows and ``block_n`` keys per tile).  q (B, H, Nq, D), k (B, H_kv,
+    ``plan``: a :class:`~attncompiler.plan.model.Plan` or :class:`TileSchedule` (``schedule`` "v1",
+    "v2" or "v3", ``block_m`` query rows and ``block_n`` keys per tile; v3: ``block_m`` a multiple of
+    64 and ``kv_descending``).  q (B, H, Nq, D), k (B, H_kv,
     Nk, D), v (B, H_kv, Nk, DV) on any device; other arguments as for
     :func:`~attncompiler.reference.reference_attention`.  Returns float64 CPU tensors.
     """
@@ -282,11 +353,17 @@ def simulate(ir: AttentionIR, plan: _HasTiles, q: torch.Tensor, k: torch.Tensor,
         raise SimulateError(f"plan.schedule: expected one of {', '.join(SIM_SCHEDULES)}, got {sched!r}")
     bm = _positive("plan.block_m", getattr(plan, "block_m", None))
     bn = _positive("plan.block_n", getattr(plan, "block_n", None))
+    if sched == "v3" and bm % V3_WG_ROWS:
+        raise SimulateError(f"plan.block_m: expected a multiple of {V3_WG_ROWS} for v3 (64 rows per consumer "
+                            f"warpgroup), got {bm}")
     pr = _Problem(ir, q, k, v, buffers=buffers, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset)
     if pr.Nq == 0 or pr.Nk == 0 or pr.B * pr.H == 0:
         out = torch.zeros(pr.B, pr.H, pr.Nq, pr.DV, dtype=torch.float64)
         return SimResult(out, torch.full((pr.B, pr.H, pr.Nq), -math.inf, dtype=torch.float64), pr.stats())
-    out, lse = (_run_v1 if sched == "v1" else _run_v2)(pr, bm, bn)
+    if sched == "v3":
+        out, lse = _run_v3(pr, bm, bn, bool(getattr(plan, "kv_descending", False)))
+    else:
+        out, lse = (_run_v1 if sched == "v1" else _run_v2)(pr, bm, bn)
     return SimResult(out, lse, pr.stats())
 
 

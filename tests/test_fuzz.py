@@ -49,10 +49,12 @@ def _inputs(shape: dict, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def _tilings(rng: random.Random) -> list[TileSchedule]:
-    """Both schedules with small tiles (several tiles per row at these lengths), plus an odd one."""
+    """v1 and v2 with small tiles (several tiles per row at these lengths), an odd one, and v3 (64-row warpgroups,
+    either walk order)."""
     sq = (8, 16, 32)
     return [TileSchedule("v2", rng.choice(sq), rng.choice(sq)), TileSchedule("v1", rng.choice(sq), rng.choice(sq)),
-            TileSchedule(rng.choice(("v1", "v2")), rng.choice((3, 13, 31)), rng.choice((5, 16, 29)))]
+            TileSchedule(rng.choice(("v1", "v2")), rng.choice((3, 13, 31)), rng.choice((5, 16, 29))),
+            TileSchedule("v3", rng.choice((64, 128)), rng.choice((16, 32, 48)), rng.choice((False, True)))]
 
 
 @settings(max_examples=120, **_FAST)

@@ -2,8 +2,9 @@
 
 Every preset (plus dropout, a narrow sliding window and a causal ALiBi) x 54 random shapes (seqlens
 that are not multiples of the tiles, Nq != Nk, GQA, rows with no visible key) x random feasible
-plans of both schedules (v2 tiles drawn from the accepted candidates of random targets, v1 from
-the FA1 rule at random SRAM budgets, and odd tiny tilings) must match to ~1e-10, LSE included.
+plans of every schedule (v2 tiles drawn from the accepted candidates of random targets, v1 from
+the FA1 rule at random SRAM budgets, odd tiny tilings, and v3 tilings of 1-3 warpgroups with either
+K/V walk order) must match to ~1e-10, LSE included.
 Then: a wrong tile classifier must be caught, and the counters must show skipped tiles.
 """
 from __future__ import annotations
@@ -74,6 +75,9 @@ def _plans(ir, rng: random.Random) -> list:
     out.append(p)
     bm, bn = rng.choice(((1, 47), (3, 16), (16, 5), (31, 1), (13, 29), (16, 16)))
     out.append(TileSchedule(rng.choice(("v1", "v2")), bm, bn))
+    # v3: 64-row warpgroups (1..3 per CTA), any key width, either walk order
+    out.append(TileSchedule("v3", rng.choice((64, 128, 192)), rng.choice((16, 32, 48, 80, 112, 128)),
+                            rng.choice((False, True))))
     return out
 
 
@@ -107,7 +111,7 @@ def test_simulator_matches_reference(case: str) -> None:
             assert err <= TOL, f"{where}: max err {err:.3e}"
             assert lse_ok, f"{where}: lse differs"
             worst = max(worst, err)
-    print(f"{case}: worst max-abs error {worst:.2e} over {N_SHAPES} shapes x 3 plans")
+    print(f"{case}: worst max-abs error {worst:.2e} over {N_SHAPES} shapes x 4 plans")
 
 
 def test_simulator_inputs_any_dtype_and_device_free() -> None:
@@ -124,7 +128,7 @@ def test_empty_tiles_are_skipped_and_full_tiles_skip_the_mask() -> None:
     spec = presets.sliding_window(17, 32)
     ir = build_ir(spec)
     q, k, v = (torch.randn(1, 1, 160, 32, dtype=torch.float64) for _ in range(3))
-    for sched in ("v1", "v2"):
+    for sched in ("v1", "v2"):  # (v3 runs 64-row warpgroups: below)
         st = simulate(ir, TileSchedule(sched, 16, 16), q, k, v).stats
         assert st.tiles == 100 and st.tiles_empty > 60  # a 17-wide band over a 10 x 10 tile grid
         assert st.scores_computed == (st.tiles_partial + st.tiles_full) * 16 * 16
@@ -150,19 +154,66 @@ class _Liar:
 
 
 @pytest.mark.parametrize("answer", [TILE_FULL, TILE_EMPTY])
-@pytest.mark.parametrize("sched", ["v1", "v2"])
+@pytest.mark.parametrize("sched", ["v1", "v2", "v3"])
 def test_a_wrong_classifier_gives_a_wrong_answer(monkeypatch: pytest.MonkeyPatch, answer: int, sched: str) -> None:
     """The simulator trusts the classifier (FULL: no mask, EMPTY: skipped), so it proves it."""
     import attncompiler.simulate as sim
 
     ir = build_ir(presets.causal(16))
-    q, k, v = (torch.randn(1, 1, 48, 16, dtype=torch.float64) for _ in range(3))
+    n, bm = (200, 64) if sched == "v3" else (48, 16)
+    q, k, v = (torch.randn(1, 1, n, 16, dtype=torch.float64) for _ in range(3))
     ref = reference_attention(q, k, v, ir)
-    good = simulate(ir, TileSchedule(sched, 16, 16), q, k, v).out
+    good = simulate(ir, TileSchedule(sched, bm, 16), q, k, v).out
     assert float((good - ref).abs().max()) <= TOL
     monkeypatch.setattr(sim, "tile_classifier", lambda mask, buffers=None: _Liar(answer))
-    bad = simulate(ir, TileSchedule(sched, 16, 16), q, k, v).out
+    bad = simulate(ir, TileSchedule(sched, bm, 16), q, k, v).out
     assert float((bad - ref).abs().max()) > 1e-3
+
+
+def test_v3_walk_and_warpgroups() -> None:
+    """v3: the CTA walks the blocks not EMPTY for all its rows, and each 64-row warpgroup runs every one of them --
+    a block EMPTY for one warpgroup's rows goes through its masked softmax and adds nothing.  The counters are per
+    warpgroup: a causal 128-row tile with two 64-key blocks has block 0 PARTIAL for warpgroup 0 and FULL for
+    warpgroup 1, block 1 EMPTY for warpgroup 0 and PARTIAL for warpgroup 1."""
+    ir = build_ir(presets.causal(16))
+    q, k, v = (torch.randn(1, 1, 128, 16, dtype=torch.float64) for _ in range(3))
+    ref, ref_lse = reference_attention(q, k, v, ir, return_lse=True)
+    for desc in (False, True):
+        res = simulate(ir, TileSchedule("v3", 128, 64, desc), q, k, v)
+        assert float((res.out - ref).abs().max()) <= TOL and float((res.lse - ref_lse).abs().max()) <= TOL
+        # one CTA, blocks [0, 64) and [64, 128), both visited; warpgroup 0 (rows 0..63): PARTIAL, EMPTY;
+        # warpgroup 1 (rows 64..127): FULL, PARTIAL
+        st = res.stats
+        assert (st.tiles_empty, st.tiles_partial, st.tiles_full) == (1, 2, 1)
+        assert st.scores_computed == 3 * 64 * 64 and st.mask_evaluations == 2 * 64 * 64
+
+
+def test_v3_lazy_offset_and_fixed_offset() -> None:
+    """Rows whose maximum grows block after block (ALiBi-like growth, ascending walk) move the lazy offset only past
+    V3_RESCALE_SLACK; a bounded score_mod (softcap) fixes it at the first block -- the results are exact either
+    way, and the slack is the kernel's constant."""
+    import re
+    from pathlib import Path
+
+    from attncompiler.simulate import V3_RESCALE_SLACK
+
+    cuh = (Path(__file__).parent.parent / "templates/include/attncompiler/v3_consumer.cuh").read_text()
+    assert float(re.search(r"kRescaleSlack = ([0-9.]+)f;", cuh).group(1)) == V3_RESCALE_SLACK
+    g = torch.Generator().manual_seed(3)
+    bias = torch.linspace(0.0, 40.0, 300, dtype=torch.float64)  # the row maximum grows ~0.13 per key
+
+    def growing(score, b, h, q_idx, kv_idx):
+        return score + bias[kv_idx]
+
+    for spec in (ac.AttentionSpec(head_dim=16, score_mod=growing), presets.softcap(20.0, 16)):
+        ir = build_ir(spec)
+        bufs = dict(spec.trace().buffer_values)
+        q, k, v = (torch.randn(1, 2, 300, 16, generator=g, dtype=torch.float64) * 3 for _ in range(3))
+        ref, ref_lse = reference_attention(q, k, v, ir, buffers=bufs, return_lse=True)
+        for desc in (False, True):
+            res = simulate(ir, TileSchedule("v3", 128, 32, desc), q, k, v, buffers=bufs)
+            assert float((res.out - ref).abs().max()) <= TOL, (spec.name, desc)
+            assert float((res.lse - ref_lse).abs().max()) <= 1e-9, (spec.name, desc)
 
 
 def test_per_head_classification() -> None:
@@ -198,8 +249,10 @@ def test_tile_classes_sliding_window_16k() -> None:
 def test_simulate_errors() -> None:
     ir = build_ir(presets.plain(16))
     q = torch.randn(1, 1, 8, 16)
-    with pytest.raises(SimulateError, match="expected one of v1, v2"):
-        simulate(ir, TileSchedule("v3", 16, 16), q, q, q)
+    with pytest.raises(SimulateError, match="expected one of v1, v2, v3, got 'v4'"):
+        simulate(ir, TileSchedule("v4", 16, 16), q, q, q)
+    with pytest.raises(SimulateError, match="expected a multiple of 64 for v3.*got 96"):
+        simulate(ir, TileSchedule("v3", 96, 16), q, q, q)
     with pytest.raises(SimulateError, match="positive int"):
         simulate(ir, TileSchedule("v2", 0, 16), q, q, q)
     with pytest.raises(SimulateError, match="head_dim"):
