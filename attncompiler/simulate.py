@@ -253,6 +253,15 @@ def _run_v1(pr: _Problem, br: int, bc: int) -> tuple[torch.Tensor, torch.Tensor]
     return o, lse
 
 
+def _finish(acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The v2 / v3 epilogue of one row block: O = acc / l and LSE = (m + log2 l) ln 2 (m in log2 units); a row
+    with no visible key (l = 0 or m = -inf) gets O = 0 and LSE = -inf."""
+    ok = (l > 0) & (m != -math.inf)
+    inv = torch.where(ok, 1.0 / torch.where(ok, l, 1.0), 0.0)
+    lse = torch.where(ok, (m + torch.log2(torch.where(ok, l, 1.0))) * math.log(2.0), -math.inf)
+    return acc * inv.unsqueeze(-1), lse
+
+
 def _run_v2(pr: _Problem, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, Nq, DV = pr.B, pr.H, pr.Nq, pr.DV
     out = torch.zeros(B, H, Nq, DV, dtype=torch.float64)
@@ -276,11 +285,7 @@ def _run_v2(pr: _Problem, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]
             p = pr.dropped(p, q_lo, q_hi, kv_lo, kv_hi)
             acc = acc * alpha.unsqueeze(-1) + p @ pr.v[:, :, kv_lo:kv_hi + 1]
             m = m_new
-        inv = torch.where(l > 0, 1.0 / torch.where(l > 0, l, 1.0), 0.0)  # one final rescale
-        out[:, :, q_lo:q_hi + 1] = acc * inv.unsqueeze(-1)
-        ok = (l > 0) & (m != -math.inf)
-        lse[:, :, q_lo:q_hi + 1] = torch.where(ok, (m + torch.log2(torch.where(ok, l, 1.0))) * math.log(2.0),
-                                               -math.inf)
+        out[:, :, q_lo:q_hi + 1], lse[:, :, q_lo:q_hi + 1] = _finish(acc, m, l)  # one final rescale
     return out, lse
 
 
@@ -328,12 +333,8 @@ def _run_v3(pr: _Problem, bm: int, bn: int, descending: bool) -> tuple[torch.Ten
                 l[w] = torch.where(vis, l_new, l[w])
                 m[w] = torch.where(vis, m_new, m[w])
             started |= visit
-        for w, (lo, hi) in enumerate(wgs):  # the epilogue: O / l, LSE = (m + log2 l) ln 2
-            ok = (l[w] > 0) & (m[w] != -math.inf)
-            inv = torch.where(ok, 1.0 / torch.where(ok, l[w], 1.0), 0.0)
-            out[:, :, lo:hi + 1] = acc[w] * inv.unsqueeze(-1)
-            lse[:, :, lo:hi + 1] = torch.where(ok, (m[w] + torch.log2(torch.where(ok, l[w], 1.0))) * math.log(2.0),
-                                               -math.inf)
+        for w, (lo, hi) in enumerate(wgs):  # each warpgroup's epilogue
+            out[:, :, lo:hi + 1], lse[:, :, lo:hi + 1] = _finish(acc[w], m[w], l[w])
     return out, lse
 
 
