@@ -147,6 +147,33 @@ def test_custom_op_autograd_cpu_matches_reference():
         torch.testing.assert_close(got.double(), r, atol=0.05 * max(1.0, float(r.abs().max())), rtol=0.05)
 
 
+def test_eager_function_and_custom_op_agree():
+    """Eager calls take _EagerAttention (less host time), torch.compile and tensor subclasses the custom op: both run
+    the same implementations, so outputs and gradients (a learnable buffer's included) are bitwise equal."""
+    from attncompiler import autograd as A
+
+    slopes = presets.alibi_slopes(4)
+    kern = _cpu_kernel(presets.alibi(slopes, 16, causal=True, dropout_p=0.1))
+    kid = A.register_kernel(kern)
+    g = torch.Generator().manual_seed(1)
+    base = [torch.randn(1, 4, 21, 16, generator=g).bfloat16() for _ in range(3)] + [slopes.clone()]
+    do = torch.randn(1, 4, 21, 16, generator=g).bfloat16()
+    results = []
+    for path in ("eager", "op"):
+        q, k, v, sl = (t.clone().requires_grad_() for t in base)
+        if path == "eager":
+            out, lse = A.attention_op(kern, q, k, v, scale=kern.ir.scale, dropout_p=0.1, rng=A.make_rng(7, 2),
+                                      buffers={"slopes": sl})
+            assert out.grad_fn is not None and "_EagerAttention" in type(out.grad_fn).__name__
+        else:
+            out, lse = torch.ops.attncompiler.attention_fwd(q, k, v, [sl], kid, kern.ir.scale, 0.1, A.make_rng(7, 2),
+                                                            False)
+        torch.autograd.backward([out, lse], [do, torch.full_like(lse, 0.5)])
+        results.append((out, lse, q.grad, k.grad, v.grad, sl.grad))
+    for a, b in zip(*results):
+        assert a is not None and torch.equal(a, b)
+
+
 def test_custom_ops_pass_opcheck():
     kern = _cpu_kernel(presets.softcap(20.0, 16, causal=True))
     from attncompiler.autograd import make_rng
