@@ -228,7 +228,8 @@ class _EagerAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None, None, None, None, *gb)
 
 
-def _plain(t: Any) -> bool:
+def plain_tensor(t: Any) -> bool:
+    """A tensor that is no subclass (fake, functional, DTensor...) but a Parameter: the eager path takes it."""
     return type(t) is Tensor or type(t) is torch.nn.Parameter
 
 
@@ -238,7 +239,7 @@ def attention_op(kernel: Any, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     as a fake tensor, is passed), else through :class:`_EagerAttention` (the same kernels, less host time)."""
     kid = kernel._op_id or register_kernel(kernel)
     bufs = [buffers[b.name] for b in kernel.ir.buffers]
-    if not torch.compiler.is_compiling() and all(_plain(t) for t in (q, k, v, *bufs)):
+    if not torch.compiler.is_compiling() and all(plain_tensor(t) for t in (q, k, v, *bufs)):
         return _EagerAttention.apply(q, k, v, kid, float(scale), float(dropout_p), rng, bool(deterministic), *bufs)
     return torch.ops.attncompiler.attention_fwd(q, k, v, bufs, kid, float(scale), float(dropout_p), rng,
                                                 bool(deterministic))

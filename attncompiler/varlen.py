@@ -123,10 +123,9 @@ def _max(n: int) -> Optional[int]:
     return None if n < 0 else n
 
 
-@torch.library.custom_op("attncompiler::attention_varlen_fwd", mutates_args=())
-def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
-                kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float, dropout_p: float, rng: Tensor,
-                deterministic: bool) -> tuple[Tensor, Tensor]:
+def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     buffers: list[Tensor], kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float,
+                     dropout_p: float, rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
     kern = _kernel(kernel_id)
     seed, offset = _rng(rng)
     bufs = _bufs(kern, buffers)
@@ -140,6 +139,9 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
         return run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                   _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
                                   seed=seed, offset=offset)
+
+
+_varlen_fwd = torch.library.custom_op("attncompiler::attention_varlen_fwd", mutates_args=())(_varlen_fwd_impl)
 
 
 @_varlen_fwd.register_fake
@@ -172,11 +174,10 @@ def _cpu_backward(ir: AttentionIR, dout: Tensor, q: Tensor, k: Tensor, v: Tensor
     return dq, dk, dv
 
 
-@torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=())
-def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
-                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor], kernel_id: int, max_seqlen_q: int,
-                max_seqlen_k: int, scale: float, dropout_p: float, rng: Tensor,
-                deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _varlen_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                     dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
+                     kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float, dropout_p: float,
+                     rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     kern = _kernel(kernel_id)
     seed, offset = _rng(rng)
     bufs = _bufs(kern, buffers)
@@ -190,6 +191,9 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
                                _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
                                seed=seed, offset=offset, deterministic=deterministic,
                                options=getattr(kern, "backward_options", None), poison=autograd.POISON_GRADS)
+
+
+_varlen_bwd = torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=())(_varlen_bwd_impl)
 
 
 @_varlen_bwd.register_fake
@@ -243,9 +247,9 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
     kernel_id, max_q, max_k, scale, dropout_p, deterministic = ctx.args
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.attncompiler.attention_varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, buffers,
-                                                             kernel_id, max_q, max_k, scale, dropout_p, rng,
-                                                             deterministic)
+    bwd = _varlen_bwd_impl if getattr(ctx, "eager", False) else torch.ops.attncompiler.attention_varlen_bwd
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, buffers, kernel_id, max_q, max_k, scale, dropout_p,
+                     rng, deterministic)
     gb: list = [None] * len(buffers)
     if any(ctx.buffers_need_grad):
         gb = list(torch.ops.attncompiler.attention_varlen_bwd_buffers(
@@ -256,6 +260,30 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
 
 
 torch.library.register_autograd("attncompiler::attention_varlen_fwd", _backward, setup_context=_setup_context)
+
+
+class _EagerVarlen(torch.autograd.Function):
+    """The eager path of ``attncompiler::attention_varlen_fwd`` (see ``autograd._EagerAttention``): the same
+    implementations, context and backward, without the custom op's dispatch.  Buffers come last, one input each."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, kernel_id: int, max_q: int, max_k: int,
+                scale: float, dropout_p: float, rng: Tensor, deterministic: bool,
+                *buffers: Tensor) -> tuple[Tensor, Tensor]:
+        return _varlen_fwd_impl(q, k, v, cu_q, cu_k, list(buffers), kernel_id, max_q, max_k, scale, dropout_p, rng,
+                                deterministic)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        q, k, v, cu_q, cu_k, kernel_id, max_q, max_k, scale, dropout_p, rng, deterministic, *buffers = inputs
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, buffers, kernel_id, max_q, max_k, scale, dropout_p, rng,
+                             deterministic), output)
+        ctx.eager = True
+
+    @staticmethod
+    def backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
+        dq, dk, dv, _, _, gb, *_ = _backward(ctx, dout, dlse)
+        return (dq, dk, dv) + (None,) * 9 + tuple(gb)
 
 
 # ------------------------------------------------------------------------------------ call path
@@ -297,7 +325,11 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
     rng = autograd.make_rng(seed if p_drop > 0 else 0, offset)
     kid = kern._op_id or autograd.register_kernel(kern)
     bufs = [buffers[b.name] for b in kern.ir.buffers]
-    o, lse = torch.ops.attncompiler.attention_varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, bufs, kid, -1 if max_seqlen_q is None else int(max_seqlen_q),
-        -1 if max_seqlen_k is None else int(max_seqlen_k), float(sc), float(p_drop), rng, det)
+    mq, mk = (-1 if m is None else int(m) for m in (max_seqlen_q, max_seqlen_k))
+    if not torch.compiler.is_compiling() and all(autograd.plain_tensor(t) for t in (q, k, v, *bufs)):
+        o, lse = _EagerVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, kid, mq, mk, float(sc), float(p_drop), rng,
+                                    det, *bufs)
+    else:
+        o, lse = torch.ops.attncompiler.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, bufs, kid, mq, mk,
+                                                             float(sc), float(p_drop), rng, det)
     return (o, lse) if return_lse else o

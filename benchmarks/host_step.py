@@ -1,0 +1,94 @@
+"""Host time of a small training step: ``kern(q, k, v).backward(do)`` at a shape whose kernels take far less
+than the host side, through the eager ``autograd.Function`` path and through the ``torch.library`` custom op
+(forced), interleaved in one process; then a cProfile of the eager step.
+
+    PYTHONPATH=. python3 benchmarks/host_step.py [--rounds 2] [--steps 200] [--profile 25]
+
+Prints microseconds per step (wall clock over ``--steps`` steps, synchronized at both ends), padded and packed.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+
+
+@contextmanager
+def custom_op_path() -> Iterator[None]:
+    """Route differentiable calls through the custom ops, as torch.compile's tracing does."""
+    from attncompiler import autograd
+
+    keep = autograd.plain_tensor
+    autograd.plain_tensor = lambda t: False
+    try:
+        yield
+    finally:
+        autograd.plain_tensor = keep
+
+
+def time_steps(step: Callable[[], None], n: int) -> float:
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main() -> None:
+    import attncompiler as ac
+    from attncompiler.spec import presets
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--profile", type=int, default=25, help="rows of the cProfile table (0: none)")
+    args = ap.parse_args()
+    kern = ac.compile(presets.causal(128))
+    dev, dt = "cuda", torch.bfloat16
+    q, k, v = (torch.randn(1, 16, 256, 128, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, 16, 256, 128, device=dev, dtype=dt)
+    lens = [100, 37, 119]
+    cu = torch.tensor([0, *lens]).cumsum(0).to(device=dev, dtype=torch.int32)
+    pq, pk, pv = (torch.randn(sum(lens), 16, 128, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+    pdo = torch.randn(sum(lens), 16, 128, device=dev, dtype=dt)
+
+    def padded() -> None:
+        kern(q, k, v).backward(do)
+
+    def packed() -> None:
+        kern(pq, pk, pv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens)).backward(pdo)
+
+    def fwd_only() -> None:
+        with torch.no_grad():
+            kern(q, k, v)
+
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  causal d=128 (1, 16, 256, 128) bf16, "
+          f"schedule {kern.schedule}; us per step")
+    print(f"{'round':>5s} {'what':>8s} {'eager':>9s} {'custom op':>10s}")
+    for r in range(args.rounds):
+        for name, fn in (("padded", padded), ("packed", packed)):
+            eager = time_steps(fn, args.steps)
+            with custom_op_path():
+                op = time_steps(fn, args.steps)
+            print(f"{r:5d} {name:>8s} {eager:9.0f} {op:10.0f}")
+        print(f"{r:5d} {'no_grad':>8s} {time_steps(fwd_only, args.steps):9.0f}")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.steps):
+            padded()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()
