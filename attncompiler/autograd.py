@@ -209,18 +209,18 @@ class _EagerAttention(torch.autograd.Function):
     """The eager path of ``attncompiler::attention_fwd``: the same implementations, context and backward as the
     custom op, without ``torch.library``'s dispatch, schema checks and pytree work around every call (measured on
     an H100 with torch 2.11: a no-op custom op with registered autograd costs 430 us per forward+backward, a
-    no-op autograd.Function 114 us).  Buffers come last, one input each, so that each gets its own gradient."""
+    no-op autograd.Function 114 us).  Buffers come last, one input each, so that each gets its own gradient.
+    ``forward`` takes ``ctx`` itself: a separate ``setup_context`` makes ``apply`` bind the arguments through
+    ``inspect.signature`` on every call."""
 
     @staticmethod
-    def forward(q: Tensor, k: Tensor, v: Tensor, kernel_id: int, scale: float, dropout_p: float, rng: Tensor,
-                deterministic: bool, *buffers: Tensor) -> tuple[Tensor, Tensor]:
-        return _attention_fwd_impl(q, k, v, list(buffers), kernel_id, scale, dropout_p, rng, deterministic)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        q, k, v, kernel_id, scale, dropout_p, rng, deterministic, *buffers = inputs
-        _setup_context(ctx, (q, k, v, buffers, kernel_id, scale, dropout_p, rng, deterministic), output)
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, kernel_id: int, scale: float, dropout_p: float,
+                rng: Tensor, deterministic: bool, *buffers: Tensor) -> tuple[Tensor, Tensor]:
+        args = (q, k, v, list(buffers), kernel_id, scale, dropout_p, rng, deterministic)
+        output = _attention_fwd_impl(*args)
+        _setup_context(ctx, args, output)
         ctx.eager = True
+        return output
 
     @staticmethod
     def backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):

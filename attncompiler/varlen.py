@@ -267,18 +267,14 @@ class _EagerVarlen(torch.autograd.Function):
     implementations, context and backward, without the custom op's dispatch.  Buffers come last, one input each."""
 
     @staticmethod
-    def forward(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, kernel_id: int, max_q: int, max_k: int,
-                scale: float, dropout_p: float, rng: Tensor, deterministic: bool,
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, kernel_id: int, max_q: int,
+                max_k: int, scale: float, dropout_p: float, rng: Tensor, deterministic: bool,
                 *buffers: Tensor) -> tuple[Tensor, Tensor]:
-        return _varlen_fwd_impl(q, k, v, cu_q, cu_k, list(buffers), kernel_id, max_q, max_k, scale, dropout_p, rng,
-                                deterministic)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        q, k, v, cu_q, cu_k, kernel_id, max_q, max_k, scale, dropout_p, rng, deterministic, *buffers = inputs
-        _setup_context(ctx, (q, k, v, cu_q, cu_k, buffers, kernel_id, max_q, max_k, scale, dropout_p, rng,
-                             deterministic), output)
+        args = (q, k, v, cu_q, cu_k, list(buffers), kernel_id, max_q, max_k, scale, dropout_p, rng, deterministic)
+        output = _varlen_fwd_impl(*args)
+        _setup_context(ctx, args, output)
         ctx.eager = True
+        return output
 
     @staticmethod
     def backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):

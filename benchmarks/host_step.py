@@ -1,6 +1,6 @@
 """Host time of a small training step: ``kern(q, k, v).backward(do)`` at a shape whose kernels take far less
 than the host side, through the eager ``autograd.Function`` path and through the ``torch.library`` custom op
-(forced), interleaved in one process; then a cProfile of the eager step.
+(forced), interleaved in one process; then the step's kernel time (torch.profiler) and a cProfile of the eager step.
 
     PYTHONPATH=. python3 benchmarks/host_step.py [--rounds 2] [--steps 200] [--profile 25]
 
@@ -80,6 +80,12 @@ def main() -> None:
                 op = time_steps(fn, args.steps)
             print(f"{r:5d} {name:>8s} {eager:9.0f} {op:10.0f}")
         print(f"{r:5d} {'no_grad':>8s} {time_steps(fwd_only, args.steps):9.0f}")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:
+        for _ in range(args.steps):
+            padded()
+        torch.cuda.synchronize()
+    kernels = sum(e.self_device_time_total for e in tp.key_averages()) / args.steps
+    print(f"padded: device (kernel) time per step {kernels:.0f} us")
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -87,7 +93,9 @@ def main() -> None:
             padded()
         prof.disable()
         torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime").print_stats(args.profile)
+        stats.sort_stats("cumulative").print_stats(args.profile)
 
 
 if __name__ == "__main__":
