@@ -4,7 +4,8 @@
 
 Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
 alibi_causal, softcap, sliding_window, or a preset name), the options are plan_v3's (block_n, stages,
-persistent, exp2_poly; omitted ones take the planner's choice).  FLOPs count the visible pairs (causal:
+persistent, exp2_poly, block_m; omitted ones take the planner's choice; ``n=2048`` is not a plan option but the
+sequence length, with B = 16384 // n so that B*N stays 16k tokens).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
 printed last (interleaving spreads clock and thermal drift over all configs: ratios between configs
@@ -37,21 +38,22 @@ def main(argv: list[str]) -> int:
 
     import attncompiler as ac
 
-    N = 16384
+    tokens = 16384
     rounds = int(argv[1]) if len(argv) > 1 else 1
     print(f"# {torch.cuda.get_device_name()}", flush=True)
-    sets_by_d: dict[int, list] = {}
+    sets_by_d: dict[tuple[int, int], list] = {}
     times: dict[str, list[float]] = {}
     for item in argv[0].split(",") * rounds:
         d_s, var, *opts = item.split(":")
         d = int(d_s)
         options = {k: _value(v) for k, v in (o.split("=") for o in opts)}
-        H = 2048 // d
-        if d not in sets_by_d:
-            sets_by_d[d] = [tuple(torch.randn(1, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                            for _ in range(3)]
-        sets = sets_by_d[d]
-        flops = 4 * H * d * _visible_pairs(var, N)
+        N = int(options.pop("n", tokens))
+        B, H = tokens // N, 2048 // d
+        if (d, N) not in sets_by_d:
+            sets_by_d[(d, N)] = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16)
+                                       for _ in range(3)) for _ in range(3)]
+        sets = sets_by_d[(d, N)]
+        flops = 4 * B * H * d * _visible_pairs(var, N)
         try:
             kern = ac.compile(_spec(var, d, H, N), "v3", **options)
             it = [0]
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> int:
             ms = do_bench(step, warmup=50, rep=300, return_mode="median")
             times.setdefault(item, []).append(flops / ms / 1e9)
             plan = kern.kernel_source.plan
-            print(f"d={d} {var} {options} -> BN={plan.block_n} stages={plan.stages} poly={plan.exp2_poly}"
+            print(f"d={d} N={N} {var} {options} -> BM={plan.block_m} BN={plan.block_n} stages={plan.stages} poly={plan.exp2_poly}"
                   f"{' persistent' if plan.persistent else ''}: {flops / ms / 1e9:.1f} TFLOP/s ({ms:.3f} ms)",
                   flush=True)
         except Exception as e:  # noqa: BLE001 - one failing config must not end the sweep

@@ -143,6 +143,47 @@ def test_three_consumers(name):
             assert res.ok, f"{name} block_m=192 GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
 
 
+def _resident_ctas(kern) -> int:
+    """cuOccupancyMaxActiveBlocksPerMultiprocessor of the kernel's loaded v3 function (after one call)."""
+    import ctypes
+
+    from attncompiler.codegen import v3 as v3_codegen
+
+    ks = kern.kernel_source
+    fn = v3_codegen._loaded[(ks, torch.cuda.current_device())]
+    n = ctypes.c_int(0)
+    rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(n), ctypes.c_void_p(fn.ptr), ctypes.c_int(ks.threads), ctypes.c_size_t(ks.smem_bytes))
+    assert rc == 0, f"cuOccupancyMaxActiveBlocksPerMultiprocessor returned {rc}"
+    return n.value
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_one_consumer_two_ctas(name):
+    """block_m = 64: one consumer warpgroup per CTA and two CTAs per SM (no ping-pong inside a CTA), every preset
+    at d = 64, 96 and 128 (the planner's BLOCK_N and BLOCK_N 64) and seqlens that are not multiples of any tile,
+    fp16, the persistent grid (two CTAs per SM in it), GQA with cross lengths; the driver confirms that two CTAs
+    fit an SM."""
+    for head_dim, block_n in ((64, None), (96, None), (128, None), (128, 64)):
+        opts = {"block_m": 64} if block_n is None else {"block_m": 64, "block_n": block_n}
+        for n in (113, 1023, 4096):
+            kern = ac.compile(spec_for(name, head_dim, "bf16", n), "v3", **opts)
+            plan = kern.kernel_source.plan
+            assert (plan.consumers, plan.ctas_per_sm) == (1, 2)
+            res = check_kernel(kern, B, H, n)
+            assert res.ok, f"{name} block_m=64 d={head_dim} BN={plan.block_n} N={n}: {res}"
+        assert _resident_ctas(kern) == 2
+    kern = ac.compile(spec_for(name, 128, "fp16", 1023), "v3", block_m=64, persistent=True)
+    res = check_kernel(kern, 4, H, 1023)
+    assert res.ok, f"{name} block_m=64 persistent fp16: {res}"
+    if name in ("plain", "causal", "sliding_window"):
+        kern = ac.compile(spec_for(name, 128, "bf16", 1500), "v3", block_m=64)
+        for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
+            res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
+            assert res.ok, f"{name} block_m=64 GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+
+
 @needs_hopper
 @pytest.mark.parametrize("name", ["plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])

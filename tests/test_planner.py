@@ -353,8 +353,9 @@ def test_auto_with_plan_options() -> None:
     assert choose_auto(ProblemDims(128), "sm_90", block_n=64, stages=2, persistent=True).schedule == "v3"
     c = choose_auto(ProblemDims(128), "sm_90", q_in_regs=True, num_warps=4)
     assert c.schedule == "v2" and "expected v3 plan options (block_n, stages, persistent), got q_in_regs" in c.reason
-    c = choose_auto(ProblemDims(128), "sm_90", block_m=64)
-    assert c.schedule == "v2" and "expected block_m in (128, 192)" in c.reason
+    c = choose_auto(ProblemDims(128), "sm_90", block_m=32)
+    assert c.schedule == "v2" and "expected block_m in (64, 128, 192)" in c.reason
+    assert choose_auto(ProblemDims(128), "sm_90", block_m=64).schedule == "v3"  # one consumer, two CTAs per SM
     assert choose_auto(ProblemDims(64), "sm_90", block_m=192).schedule == "v3"
     c = choose_auto(ProblemDims(256), "sm_90", block_n=256)
     assert c.schedule == "v2" and "registers per consumer thread > 240" in c.reason

@@ -115,8 +115,8 @@ def test_plan_errors_name_the_numbers():
         plan_v3(ProblemDims(256), "sm_90", block_n=64, stages=4)
     with pytest.raises(PlanError, match="registers per consumer thread > 240"):
         plan_v3(ProblemDims(256), "sm_90", block_n=256)
-    with pytest.raises(PlanError, match=r"expected block_m in \(128, 192\).*got 64"):
-        plan_v3(ProblemDims(128), "sm_90", block_m=64)
+    with pytest.raises(PlanError, match=r"expected block_m in \(64, 128, 192\).*got 96"):
+        plan_v3(ProblemDims(128), "sm_90", block_m=96)
     with pytest.raises(PlanError, match="BLOCK_N=128: ~168 registers per consumer thread > 160"):
         plan_v3(ProblemDims(64), "sm_90", block_m=192, block_n=128)
     with pytest.raises(PlanError, match="expected num_warps=16"):
@@ -152,6 +152,26 @@ def test_plan_three_consumers():
     assert plan_v3(ProblemDims(64), "sm_90", **p.options) == p
     src = ac.compile(presets.causal(64), "v3", target="sm_90", build=False, block_m=192).kernel_source.source
     assert "static constexpr int NC = 3;" in src and "__launch_bounds__(512, 1)" in src
+
+
+def test_plan_one_consumer_two_ctas():
+    """block_m = 64: one consumer warpgroup and two CTAs per SM. Shared memory is half the SM's less the per-block
+    reserve (115712 B on sm_90); registers are ptxas's 128 per thread under __launch_bounds__(256, 2), so d = 256
+    (O alone takes 128) is refused with the numbers."""
+    p = plan_v3(ProblemDims(128), "sm_90", block_m=64)
+    assert (p.block_m, p.consumers, p.ctas_per_sm, p.num_threads) == (64, 1, 2, 256)
+    assert (p.block_n, p.stages) == (80, 2) and p.smem_bytes <= 115712
+    assert any("> 115712 B per block (2 CTAs per SM)" in r and "BLOCK_N=96" in r for r in p.reasons)
+    assert any("O DV/2 = 64 + S BLOCK_N/2 = 40 + slack 8 <= 128" in r for r in p.reasons)
+    assert plan_v3(ProblemDims(128), "sm_90", **p.options) == p
+    assert plan_v3(ProblemDims(128), "sm_90", num_warps=8).block_m == 64  # the warps name one consumer
+    assert plan_v3(ProblemDims(64), "sm_90", block_m=64).block_n == 176  # BN 192: O 32 + S 96 + 8 > 128
+    with pytest.raises(PlanError, match=r"BLOCK_N=64: O 128 \+ S 32 \+ 8 registers per thread > 128"):
+        plan_v3(ProblemDims(256), "sm_90", block_m=64)
+    src = ac.compile(presets.sliding_window(1024, 128), "v3", target="sm_90", build=False,
+                     block_m=64).kernel_source.source
+    assert "static constexpr int NC = 1;" in src and "__launch_bounds__(256, 2)" in src
+    assert plan_v3(ProblemDims(128), "sm_90").ctas_per_sm == 1  # the default keeps the ping-pong
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_100"])
@@ -340,3 +360,20 @@ def test_nvcc_varlen_v3_sources():
         assert "cp.async.bulk.tensor.4d" in p and "wgmma.mma_async.sync.aligned" in p, spec
         assert "C7520" not in rep.log, f"{spec}: ptxas serialized the wgmma instructions"
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{spec}: spills\n{rep.log}"
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_nvcc_one_consumer_two_ctas(head_dim):
+    """block_m = 64 (one consumer warpgroup, two CTAs per SM): every preset and example compiles for sm_90a within
+    ptxas's 128 registers per thread, without spills and without serialized wgmma."""
+    jobs = {name: _render(spec, block_m=64).source for name, spec in _specs(head_dim).items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    for name, rep in reps.items():
+        print(f"v3 block_m=64 d={head_dim} {name:24s}: {rep.registers} regs, spill {rep.spill_stores}/"
+              f"{rep.spill_loads} B")
+        assert rep.registers <= 128, f"{name}: {rep.registers} registers > 128 (two CTAs of 256 threads)"
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
+        assert "C7520" not in rep.log and "C7508" not in rep.log, f"{name}\n{rep.log}"

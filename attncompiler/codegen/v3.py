@@ -59,6 +59,7 @@ class V3Schedule:
             consumers=plan.consumers,
             producer_regs=plan.producer_regs,
             consumer_regs=plan.consumer_regs,
+            ctas_per_sm=plan.ctas_per_sm,
             persistent=plan.persistent,
             exp2_poly=plan.exp2_poly,
             kv_descending=plan.kv_descending,
@@ -71,12 +72,12 @@ class V3Schedule:
         return KernelSource(self.name, "attn_fwd", "sm_90a", src, plan, plan.num_threads, plan.smem_bytes)
 
     def grid(self, ks: KernelSource, dims: AttnInputs, sm_count: int | None = None) -> tuple[int, int, int]:
-        """(query blocks, B*H); persistent: min(tiles, SMs) CTAs (``sm_count``: the device's, else the
-        target's)."""
+        """(query blocks, B*H); persistent: min(tiles, CTAs per SM x SMs) CTAs (``sm_count``: the device's, else
+        the target's)."""
         q_blocks = -(-dims.Nq // ks.plan.block_m)
         if ks.plan.persistent:
-            sms = sm_count or ks.plan.sm_count
-            return (max(1, min(q_blocks * dims.B * dims.H, sms)), 1, 1)
+            slots = (sm_count or ks.plan.sm_count) * ks.plan.ctas_per_sm
+            return (max(1, min(q_blocks * dims.B * dims.H, slots)), 1, 1)
         return (q_blocks, dims.B * dims.H, 1)
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:

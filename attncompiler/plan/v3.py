@@ -33,7 +33,7 @@ from .targets import Target
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
     "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M",
-    "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT",
+    "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT", "CTAS_PER_SM_BY_WGS", "v3_smem_limit", "REG_SLACK_MULTI_CTA",
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
     "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
@@ -47,7 +47,17 @@ PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addr
 CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
 # block_m = 192 (plan option): three consumer warpgroups taking GEMM turns round robin, as FlashAttention-3
 # tiles d = 64; 24*128 + 160*384 = 64512 <= 65536, so each consumer gets 160 registers.
-CONSUMER_REGS_BY_WGS = {2: CONSUMER_REGS, 3: 160}
+# block_m = 64 (plan option): one consumer warpgroup (no ping-pong inside the CTA) and two CTAs per SM:
+# 24*128 + 232*128 = 32768 registers, half the file, and at most half the SM's shared memory less the per-block
+# reserve each (:data:`CTAS_PER_SM_BY_WGS`), so one CTA's start (Q and first K/V copies, the first S GEMM) and drain
+# (O store) run under the other CTA's loop.  Meant for short K/V loops (sliding windows, short sequences).
+CONSUMER_REGS_BY_WGS = {1: 232, 2: CONSUMER_REGS, 3: 160}
+CTAS_PER_SM_BY_WGS = {1: 2, 2: 1, 3: 1}
+# With two CTAs per SM, __launch_bounds__(256, 2) makes ptxas compile every thread for at most 65536 / 512 = 128
+# registers, and setmaxnreg cannot lift what ptxas allocated.  O and S must fit under that cap with this slack (P
+# reuses S's registers once converted).  nvcc 13.0, sm_90a: d = 128 BN 80 / 64 and d = 64 BN 192 compile at 128
+# registers without spills; d = 256 (O alone is 128 registers) fails with C7602 "insufficient registers".
+REG_SLACK_MULTI_CTA = 8
 # BLOCK_M by max(D, DV) for kernels without a mask, dropout or a score_mod other than a separable one (ALiBi)
 # (elsewhere 128).  At d = 64
 # the GEMMs are short beside the softmax, and a third consumer warpgroup keeps the tensor cores fed.  Measured on
@@ -173,6 +183,13 @@ def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: 
             + TILE_WORD_BYTES)
 
 
+def v3_smem_limit(target: Target, ctas_per_sm: int) -> int:
+    """Dynamic shared memory one CTA may take when ``ctas_per_sm`` of them share an SM."""
+    if ctas_per_sm <= 1:
+        return target.max_smem_per_block_optin
+    return min(target.max_smem_per_block_optin, target.smem_per_sm // ctas_per_sm - target.smem_reserved_per_block)
+
+
 def v3_register_estimate(block_n: int, dv: int) -> dict[str, int]:
     """Registers per consumer thread: O DV/2 + S BLOCK_N/2 + P BLOCK_N/4 + overhead."""
     r = {"o": dv // 2, "s": block_n // 2, "p": block_n // 4, "overhead": REG_OVERHEAD_V3}
@@ -261,6 +278,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                       f"other than a separable one: measured faster)")
     nc = bm // WGMMA_M
     consumer_regs = CONSUMER_REGS_BY_WGS[nc]
+    ctas = CTAS_PER_SM_BY_WGS[nc]
+    reg_cap = 65536 // (32 * 4 * (nc + 1) * ctas)  # what ptxas may give each thread under __launch_bounds__
     nw = 4 * (nc + 1)
     if num_warps is not None and num_warps != nw:
         raise PlanError(f"v3: expected num_warps={nw} (1 producer + {nc} consumer warpgroups), "
@@ -281,7 +300,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     # BN=192 spills)
     narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0 or _mask_reads_buffers(ir_or_dims)
     pref = _preferred(d, dv, narrow, separable, static)
-    limit = t.max_smem_per_block_optin
+    limit = v3_smem_limit(t, ctas)
+    per_block = "per block" if ctas == 1 else f"per block ({ctas} CTAs per SM)"
     rejected: list[str] = []
     chosen = None
     for bn in ((block_n,) if block_n is not None else BLOCK_N_CHOICES):
@@ -291,25 +311,35 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         if block_n is None and bn > pref:
             continue  # wider than preferred: not considered (listed once below)
         regs = v3_register_estimate(bn, dv)
-        if regs["total"] > consumer_regs:
+        if ctas == 1 and regs["total"] > consumer_regs:
             rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {consumer_regs}")
+            continue
+        if ctas > 1 and regs["o"] + regs["s"] + REG_SLACK_MULTI_CTA > reg_cap:
+            rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']} + {REG_SLACK_MULTI_CTA} registers per "
+                            f"thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
             continue
         fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb) <= limit]
         if not fits:
             st = stage_choices[-1]
             rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb)} B with {st} stage(s) > "
-                            f"{limit} B per block")
+                            f"{limit} B {per_block}")
             continue
         st = fits[0]
         if stages is None and st < MAX_STAGES:
             more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb)
-            rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B per block")
+            rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
         chosen = (bn, v3_smem_bytes(bm, bn, d, dv, st, eb), regs, st)
         break
     if chosen is None:
         raise PlanError(f"no feasible v3 plan on {t.name} (D={d}, DV={dv}, stages={stages}): " + "; ".join(rejected))
     bn, smem, regs, st = chosen
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
+    reg_line = (
+        f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
+        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
+        f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)" if ctas == 1 else
+        f"registers per thread: O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + slack {REG_SLACK_MULTI_CTA} "
+        f"<= {reg_cap}, what ptxas gives each of {ctas} CTAs x {32 * nw} threads per SM (P reuses S's registers)")
     reasons = [
         (f"D={d}, DV={dv} ({dims.dtype}): multiples of {HEAD_DIM_MULTIPLE} (k16 steps) and <= {HEAD_DIM_MAX_V3}, "
          f"in TMA boxes of {cols} columns ({SWIZZLE_BYTES} bytes, 128-byte swizzle)"
@@ -320,17 +350,16 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
           f"{_why_preferred(d, dv, narrow, separable, static)} that fits"),
-        f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
-        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
-        f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)",
+        reg_line,
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})) + {MBARRIER_BYTES}*"
-        f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B",
+        f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
                             f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
                             f"block i's slot, so deeper rings hide more of the load latency)"),
-        "1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)",
-        ("persistent grid: min(tiles, SMs) CTAs loop over the tiles heaviest first" if persistent else
+        ("1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)" if ctas == 1 else
+         f"{ctas} CTAs per SM (one consumer warpgroup each: a CTA's start and drain run under the other's loop)"),
+        (f"persistent grid: min(tiles, {ctas} x SMs) CTAs loop over the tiles heaviest first" if persistent else
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
     ]
@@ -362,8 +391,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     reasons += [f"rejected {r}" for r in rejected]
     return V3Plan(
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
-        num_warps=nw, num_threads=32 * nw, smem_bytes=smem, est_registers_per_thread=consumer_regs,
-        ctas_per_sm=1, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
+        num_warps=nw, num_threads=32 * nw, smem_bytes=smem,
+        est_registers_per_thread=consumer_regs if ctas == 1 else reg_cap,
+        ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre,
     )
