@@ -376,7 +376,9 @@ def compile(
     on first such call.  The backward is always v2's, from the forward's out and lse.
 
     Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs``, ``stages`` for v2;
-    ``block_n``, ``stages``, ``persistent`` for v3; ``sram_budget`` for v1) override the planner's
+    ``block_m`` (64: one consumer warpgroup and two CTAs per SM; 128, 192), ``block_n``, ``stages``,
+    ``persistent``, ``exp2_poly``, ``kv_descending``, ``score_skip``, ``q_prescale`` for v3; ``sram_budget`` for
+    v1) override the planner's
     choice after the same feasibility checks.  With ``schedule="auto"`` and no plan options, a plan
     autotuned on this GPU (:func:`attncompiler.runtime.autotune.autotune`; entries tuned with
     "auto", "v3" or "v2", whichever schedule won: :func:`attncompiler.runtime.tuned.find_tuned`) is
