@@ -248,3 +248,14 @@ def test_varlen_v3_runs_the_v3_kernel_and_masks_the_next_sequence():
         kern = ac.compile(spec, "v3", **opts)
         res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=2)
         assert res.ok, f"{opts}: {res}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "document"])
+def test_varlen_v3_one_consumer_two_ctas(name):
+    """The v3 plan option block_m = 64 (one consumer warpgroup, two CTAs per SM) on packed sequences."""
+    kern = ac.compile(_spec(name, 128, "bf16"), "v3", block_m=64)
+    assert kern.kernel_source.plan.ctas_per_sm == 2
+    res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=4)
+    assert res.ok, f"forward {name} block_m=64: {res}"
+    assert _ran_v3_varlen()
