@@ -205,6 +205,15 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
 torch.library.register_autograd("attncompiler::attention_fwd", _backward, setup_context=_setup_context)
 
 
+def eager_forward(ctx: Any, impl: Any, setup_context: Any, args: tuple) -> Any:
+    """The forward of an eager Function over a custom op's pieces: the op's implementation, then its autograd
+    context (marked eager, so that the backward calls the implementations directly)."""
+    output = impl(*args)
+    setup_context(ctx, args, output)
+    ctx.eager = True
+    return output
+
+
 class _EagerAttention(torch.autograd.Function):
     """The eager path of ``attncompiler::attention_fwd``: the same implementations, context and backward as the
     custom op, without ``torch.library``'s dispatch, schema checks and pytree work around every call (measured on
@@ -217,10 +226,7 @@ class _EagerAttention(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, kernel_id: int, scale: float, dropout_p: float,
                 rng: Tensor, deterministic: bool, *buffers: Tensor) -> tuple[Tensor, Tensor]:
         args = (q, k, v, list(buffers), kernel_id, scale, dropout_p, rng, deterministic)
-        output = _attention_fwd_impl(*args)
-        _setup_context(ctx, args, output)
-        ctx.eager = True
-        return output
+        return eager_forward(ctx, _attention_fwd_impl, _setup_context, args)
 
     @staticmethod
     def backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):

@@ -270,11 +270,10 @@ class _EagerVarlen(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, kernel_id: int, max_q: int,
                 max_k: int, scale: float, dropout_p: float, rng: Tensor, deterministic: bool,
                 *buffers: Tensor) -> tuple[Tensor, Tensor]:
+        from .autograd import eager_forward
+
         args = (q, k, v, cu_q, cu_k, list(buffers), kernel_id, max_q, max_k, scale, dropout_p, rng, deterministic)
-        output = _varlen_fwd_impl(*args)
-        _setup_context(ctx, args, output)
-        ctx.eager = True
-        return output
+        return eager_forward(ctx, _varlen_fwd_impl, _setup_context, args)
 
     @staticmethod
     def backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
