@@ -112,9 +112,11 @@ class CompiledAttention:
         """Run the kernel.  ``out`` (B, H, Nq, DV), if given, is written in place (any strides with a
         contiguous, 16-byte aligned head dim); ``buffers`` override the spec's captured tensors.
 
-        Differentiable: when q, k, v (or a float buffer) require grad, the call goes through the
-        ``attncompiler::attention_fwd`` custom op and ``.backward()`` runs the v2 backward kernels
-        (also for a v1 forward); under ``torch.compile`` the op is traced without a graph break.
+        Differentiable: when q, k, v (or a float buffer) require grad, eager calls go through a
+        ``torch.autograd.Function`` and ``torch.compile`` (or a tensor subclass) through the
+        ``attncompiler::attention_fwd`` custom op, over the same implementations; ``.backward()`` runs the
+        v2 backward kernels (also for a v1 forward); under ``torch.compile`` the op is traced without a
+        graph break.
         ``deterministic`` (default: ``torch.are_deterministic_algorithms_enabled()``) makes the
         gradients bit-identical run to run (dQ in a separate pass instead of fp32 atomics).
         ``out=`` is for the forward-only path (no autograd, no torch.compile).

@@ -151,8 +151,10 @@ class V3Plan(Plan):
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
             f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
-            f"{self.consumers} consumer warpgroups (wgmma, setmaxnreg {self.consumer_regs}); "
-            f"{self.stages} K/V stages; {'persistent grid (one CTA per SM)' if self.persistent else 'one CTA per tile'}",
+            f"{self.consumers} consumer warpgroup{'s' if self.consumers > 1 else ''} (wgmma, setmaxnreg "
+            f"{self.consumer_regs}); "
+            f"{self.stages} K/V stages; "
+            f"{f'persistent grid ({self.ctas_per_sm} CTA(s) per SM)' if self.persistent else 'one CTA per tile'}",
             f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
@@ -345,7 +347,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
          f"in TMA boxes of {cols} columns ({SWIZZLE_BYTES} bytes, 128-byte swizzle)"
          + ("" if (d % cols, dv % cols) == (0, 0) else
             f"; smem rows padded to {dp} / {dvp} columns (TMA zero-fills the rest)")),
-        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {nc} consumer warpgroups = {bm}{bm_why}; one producer warpgroup "
+        f"BLOCK_M = {WGMMA_M} rows (wgmma M) x {nc} consumer warpgroup{'s' if nc > 1 else ''} = {bm}{bm_why}; one "
+        f"producer warpgroup "
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
