@@ -361,7 +361,9 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                             f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
                             f"block i's slot, so deeper rings hide more of the load latency)"),
         ("1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)" if ctas == 1 else
-         f"{ctas} CTAs per SM (one consumer warpgroup each: a CTA's start and drain run under the other's loop)"),
+         f"{ctas} CTAs per SM (one consumer warpgroup each: a CTA's start and drain run under the other's loop; "
+         f"measured slower than the two-consumer ping-pong on an H200 except plain d = 64 at N = 1024: "
+         f"docs/perf-notes.md, fifteenth session)"),
         (f"persistent grid: min(tiles, {ctas} x SMs) CTAs loop over the tiles heaviest first" if persistent else
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
