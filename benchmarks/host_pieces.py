@@ -2,6 +2,9 @@
 both ends), at a small causal d = 128 shape whose kernels are short: what a forward+backward step spends where.
 
     PYTHONPATH=. python3 benchmarks/host_pieces.py [--n 1000]
+
+Also splits a step's wall time between the forward, the backward call, our backward function and run_backward
+(wrappers timing them inside the step).
 """
 from __future__ import annotations
 
@@ -10,18 +13,7 @@ import time
 from typing import Callable
 
 import torch
-
-
-def per_call(fn: Callable[[], object], n: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+from host_step import time_steps as per_call  # (benchmarks/ on sys.path when run as a script)
 
 
 def main() -> None:
