@@ -215,6 +215,51 @@ def test_tma_geometry_checks_strides():
         _geometry("q", (1, 2, 10, 64), (0, 0, 64), 2)  # heads broadcast with stride 0
 
 
+def test_tma_layout_error_answers_per_layout():
+    """The launch path asks on every call; the answer depends on the layout only (and is cached by it)."""
+    import torch
+
+    from attncompiler.runtime.tma import tma_layout_error
+
+    ok = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16)
+    assert tma_layout_error("q", ok) is None and tma_layout_error("q", ok) is None
+    bad = torch.empty(2, 1, 100, 64, dtype=torch.bfloat16).expand(2, 4, 100, 64)  # heads broadcast: stride 0
+    msg = tma_layout_error("k", bad)
+    assert msg is not None and "k: expected a heads stride" in msg and "got 0 bytes" in msg
+    assert tma_layout_error("k", bad) == msg
+    assert tma_layout_error("k", bad.contiguous()) is None
+
+
+def test_maps_struct_cached_whole(monkeypatch):
+    """A repeated launch reuses the whole struct (no per-map encode); a new pointer or box builds a new one; a
+    refused map is never cached (the same call fails again)."""
+    from attncompiler.runtime import tma
+
+    calls = []
+
+    def fake_encode(name, ptr, shape, strides, dtype, box):
+        calls.append((name, ptr, box))
+        if ptr == 0xbad0:
+            raise tma.TmaError(f"{name}: refused")
+        return bytes([len(calls)]) * 128
+
+    monkeypatch.setattr(tma, "encode_attn_map", fake_encode)
+    monkeypatch.setattr(tma, "_struct_cache", {})
+    entries = tuple((n, 0x1000 * (i + 1), (1, 2, 64, 64), (8192, 4096, 64), "bf16", 128 if n == "q" else 64)
+                    for i, n in enumerate("qkv"))
+    s1 = tma.maps_struct(entries)
+    raw = bytes(s1)
+    assert len(raw) == 3 * 128 and raw[:128] == bytes([1]) * 128 and raw[256:] == bytes([3]) * 128
+    assert tma.maps_struct(entries) is s1 and len(calls) == 3
+    other = (entries[0][:5] + (64,),) + entries[1:]  # another box for q
+    assert tma.maps_struct(other) is not s1 and len(calls) == 6
+    bad = (("q", 0xbad0, *entries[0][2:]),) + entries[1:]
+    for _ in range(2):
+        with pytest.raises(tma.TmaError, match="q: refused"):
+            tma.maps_struct(bad)
+    assert len(calls) == 8
+
+
 def _ptx(source: str) -> str:
     with tempfile.TemporaryDirectory(prefix="ac-v3-ptx-") as d:
         src, out = Path(d) / "k.cu", Path(d) / "k.ptx"

@@ -15,7 +15,8 @@ from typing import Any
 
 from .launch import InputError
 
-__all__ = ["TmaMap", "encode_attn_map", "tma_maps_struct", "attn_maps", "TMA_BOX_COLS", "TmaError", "tma_layout_error"]
+__all__ = ["TmaMap", "encode_attn_map", "tma_maps_struct", "maps_struct", "attn_maps", "TMA_BOX_COLS", "TmaError",
+           "tma_layout_error"]
 
 TMA_BOX_COLS = 64  # 64 x 2 bytes = 128 bytes: the inner box extent SWIZZLE_128B allows
 
@@ -75,9 +76,15 @@ def _geometry(name: str, shape: tuple[int, int, int, int], strides: tuple[int, i
 
 def tma_layout_error(name: str, t: Any) -> str | None:
     """Why the strides of a (B, H, N, D) tensor ``t`` cannot be described as a TMA map (e.g. heads
-    broadcast by ``.expand()``: stride 0), or None when they can.  No driver call."""
+    broadcast by ``.expand()``: stride 0), or None when they can.  No driver call; the answer is cached
+    per (shape, strides, element size), so a launch path may ask it on every call."""
+    return _layout_error(name, t.shape, t.stride()[:3], t.element_size())
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout_error(name: str, shape: tuple[int, ...], strides: tuple[int, ...], es: int) -> str | None:
     try:
-        _geometry(name, tuple(int(x) for x in t.shape), tuple(int(x) for x in t.stride()[:3]), int(t.element_size()))
+        _geometry(name, tuple(int(x) for x in shape), tuple(int(x) for x in strides), int(es))
     except TmaError as e:
         return str(e)
     return None
@@ -133,11 +140,32 @@ def _maps_type(n: int) -> type[ctypes.Structure]:
     return type(f"TmaMaps{n}", (ctypes.Structure,), {"_fields_": [(f"m{i}", TmaMap) for i in range(n)]})
 
 
+_struct_cache: dict[tuple, ctypes.Structure] = {}
+
+
+def maps_struct(entries: tuple[tuple[str, int, tuple, tuple, str, int], ...]) -> ctypes.Structure:
+    """:func:`tma_maps_struct` of ``encode_attn_map(*e)`` for each entry (name, ptr, shape, strides, dtype,
+    box_rows), cached whole by the entries: a repeated launch costs one dictionary lookup instead of a
+    geometry check, a map lookup and a 128-byte copy per tensor (py-spy, fifteenth session: the per-map
+    path was 7 % of a small training step's main thread).  The struct is only ever read (the launch copies
+    it), so one object serves every call with the same key."""
+    with _lock:
+        hit = _struct_cache.get(entries)
+    if hit is not None:
+        return hit
+    s = tma_maps_struct(tuple(encode_attn_map(*e) for e in entries))
+    with _lock:
+        if len(_struct_cache) >= _CACHE_MAX:
+            _struct_cache.clear()
+        _struct_cache[entries] = s
+    return s
+
+
 def attn_maps(params: ctypes.Structure, dims, dtype: str, box_q: int, box_kv: int) -> ctypes.Structure:
     """``struct V3Maps`` (q, k, v) from packed AttnParams (pointers, element strides) and sizes."""
     P = params
-    return tma_maps_struct((
-        encode_attn_map("q", P.q, (dims.B, dims.H, dims.Nq, dims.D), (P.q_sb, P.q_sh, P.q_sn), dtype, box_q),
-        encode_attn_map("k", P.k, (dims.B, dims.H_kv, dims.Nk, dims.D), (P.k_sb, P.k_sh, P.k_sn), dtype, box_kv),
-        encode_attn_map("v", P.v, (dims.B, dims.H_kv, dims.Nk, dims.DV), (P.v_sb, P.v_sh, P.v_sn), dtype, box_kv),
+    return maps_struct((
+        ("q", P.q, (dims.B, dims.H, dims.Nq, dims.D), (P.q_sb, P.q_sh, P.q_sn), dtype, box_q),
+        ("k", P.k, (dims.B, dims.H_kv, dims.Nk, dims.D), (P.k_sb, P.k_sh, P.k_sn), dtype, box_kv),
+        ("v", P.v, (dims.B, dims.H_kv, dims.Nk, dims.DV), (P.v_sb, P.v_sh, P.v_sn), dtype, box_kv),
     ))

@@ -230,13 +230,13 @@ def _v3_applies(kernel_source: KernelSource | None, q: torch.Tensor, k: torch.Te
 
 def _v3_maps(P: Any, vi: VarlenInputs, ks: KernelSource) -> Any:
     """``struct V3Maps`` of the packed tensors: (D, total rows, heads, 1), boxes of BLOCK_M / BLOCK_N rows."""
-    from .tma import encode_attn_map, tma_maps_struct
+    from .tma import maps_struct
 
     dt, bm, bn = ks.plan.dtype, ks.plan.block_m, ks.plan.block_n
-    return tma_maps_struct((
-        encode_attn_map("q", P.q, (1, vi.H, vi.total_q, vi.D), (0, P.q_sh, P.q_sn), dt, bm),
-        encode_attn_map("k", P.k, (1, vi.H_kv, vi.total_k, vi.D), (0, P.k_sh, P.k_sn), dt, bn),
-        encode_attn_map("v", P.v, (1, vi.H_kv, vi.total_k, vi.DV), (0, P.v_sh, P.v_sn), dt, bn),
+    return maps_struct((
+        ("q", P.q, (1, vi.H, vi.total_q, vi.D), (0, P.q_sh, P.q_sn), dt, bm),
+        ("k", P.k, (1, vi.H_kv, vi.total_k, vi.D), (0, P.k_sh, P.k_sn), dt, bn),
+        ("v", P.v, (1, vi.H_kv, vi.total_k, vi.DV), (0, P.v_sh, P.v_sn), dt, bn),
     ))
 
 
