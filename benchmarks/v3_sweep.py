@@ -5,7 +5,8 @@
 Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
 alibi_causal, softcap, sliding_window, or a preset name), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m; omitted ones take the planner's choice; ``n=2048`` is not a plan option but the
-sequence length, with B = 16384 // n so that B*N stays 16k tokens).  FLOPs count the visible pairs (causal:
+sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` compiles the kernel with
+``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
 printed last (interleaving spreads clock and thermal drift over all configs: ratios between configs
@@ -13,6 +14,7 @@ of one run are then comparable to a few percent).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -27,10 +29,20 @@ def _visible_pairs(var: str, N: int) -> float:
     return float(N) * N
 
 
+def with_define(kern, name: str):
+    """A copy of the CompiledAttention ``kern`` whose source starts with ``#define name 1`` (its own loaded
+    functions: the compile cache's object, shared with other callers, stays as it was)."""
+    import threading
+
+    ks = dataclasses.replace(kern.kernel_source, source=f"#define {name} 1\n" + kern.kernel_source.source)
+    return dataclasses.replace(kern, kernel_source=ks, _loaded={}, _lock=threading.Lock(), _op_id=0, _decode=None,
+                               _v2=None, _decode_cp=None)
+
+
 def _value(v: str) -> object:
     if v in ("true", "false"):
         return v == "true"
-    return int(v)
+    return int(v) if v.lstrip("-").isdigit() else v
 
 
 def main(argv: list[str]) -> int:
@@ -48,6 +60,7 @@ def main(argv: list[str]) -> int:
         d = int(d_s)
         options = {k: _value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", tokens))
+        define = options.pop("define", None)  # a source-level variant: "#define NAME 1" before the kernel
         B, H = tokens // N, 2048 // d
         if (d, N) not in sets_by_d:
             sets_by_d[(d, N)] = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16)
@@ -56,6 +69,8 @@ def main(argv: list[str]) -> int:
         flops = 4 * B * H * d * _visible_pairs(var, N)
         try:
             kern = ac.compile(_spec(var, d, H, N), "v3", **options)
+            if define:
+                kern = with_define(kern, define)
             it = [0]
 
             def step(kern=kern):
