@@ -18,7 +18,7 @@ from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from .compiler import LoadedKernel, compile_functions
 from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
-from .params import BWD_PARAM_FIELDS, ctypes_struct
+from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 
 __all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward"]
 
@@ -78,13 +78,6 @@ def _like_layout(ref: torch.Tensor, shape: tuple[int, int, int, int], dtype: tor
     return torch.empty(B, H, N, d, device=ref.device, dtype=dtype)
 
 
-def _set_strides(bp: Any, name: str, t: torch.Tensor) -> None:
-    sb, sh, sn, _ = t.stride()
-    setattr(bp, f"{name}_sb", sb)
-    setattr(bp, f"{name}_sh", sh)
-    setattr(bp, f"{name}_sn", sn)
-
-
 def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv: torch.Tensor,
                dq_accum: torch.Tensor | None, dlse: torch.Tensor | None, ws: torch.Tensor, nq_pad: int) -> Any:
     """The AttnBwdParams of one backward launch (padded and varlen).  dout, dq, dk, dv are (B, H, N, d)
@@ -96,12 +89,13 @@ def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv
     bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
     bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
     bp.dlse = dlse.data_ptr() if dlse is not None else None
-    bp.lse2, bp.dsum = ws[0].data_ptr(), ws[1].data_ptr()
-    _set_strides(bp, "do", dout)
+    bp.lse2 = ws.data_ptr()  # rows 0 and 1 of ws (no views made: this runs on every backward)
+    bp.dsum = bp.lse2 + ws.stride(0) * ws.element_size()
+    set_strides(bp, "do", dout.stride())
     if dq is not None:
-        _set_strides(bp, "dq", dq)
-    _set_strides(bp, "dk", dk)
-    _set_strides(bp, "dv", dv)
+        set_strides(bp, "dq", dq.stride())
+    set_strides(bp, "dk", dk.stride())
+    set_strides(bp, "dv", dv.stride())
     bp.Nq_pad = nq_pad
     return bp
 

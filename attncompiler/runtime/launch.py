@@ -15,7 +15,7 @@ import torch
 from ..ir.types import AttentionIR
 from ..philox import dropout_threshold
 from . import blockstats
-from .params import PARAM_FIELDS, buffer_fields, ctypes_struct
+from .params import PARAM_FIELDS, buffer_fields, ctypes_struct, set_strides
 
 __all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "check_out", "prepare_buffers", "pack_params", "launch", "launch_structs"]
 
@@ -93,7 +93,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
     if H_kv == 0 or H % H_kv != 0:
         raise InputError(f"heads: expected q heads ({H}) to be a multiple of k/v heads ({H_kv})")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
+        if not t.is_cuda:
             raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
@@ -105,12 +105,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() == 0:
             continue
-        if t.stride(-1) != 1:
+        st = t.stride()
+        if st[3] != 1:
             raise InputError(
-                f"{name}: expected a contiguous head dimension (stride 1), got strides {t.stride()}; "
+                f"{name}: expected a contiguous head dimension (stride 1), got strides {st}; "
                 f"call .contiguous() first"
             )
-        if any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
+        if st[0] % 8 or st[1] % 8 or st[2] % 8 or t.data_ptr() % 16:
             raise InputError(
                 f"{name}: expected 16-byte aligned rows (strides multiples of 8 elements, 16-byte aligned "
                 f"base), got strides {t.stride()} and address {t.data_ptr():#x}; call .contiguous() first"
@@ -185,10 +186,7 @@ def pack_params(
     P.lse = lse.data_ptr() if lse is not None else None
     P.workspace = workspace.data_ptr() if workspace is not None else None
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
-        sb, sh, sn, _ = t.stride()
-        setattr(P, f"{name}_sb", sb)
-        setattr(P, f"{name}_sh", sh)
-        setattr(P, f"{name}_sn", sn)
+        set_strides(P, name, t.stride())
     P.B, P.H, P.H_kv, P.Nq, P.Nk = dims.B, dims.H, dims.H_kv, dims.Nq, dims.Nk
     P.scale = scale
     P.dropout_p = dropout_p

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-__all__ = ["PARAM_FIELDS", "BWD_PARAM_FIELDS", "CField", "c_struct", "ctypes_struct", "buffer_fields"]
+__all__ = ["PARAM_FIELDS", "BWD_PARAM_FIELDS", "CField", "c_struct", "ctypes_struct", "buffer_fields", "set_strides"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,20 @@ def ctypes_struct(name: str, fields: tuple[CField, ...]) -> type[ctypes.Structur
     """A ctypes Structure laid out exactly like :func:`c_struct` (host ABI = CUDA ABI)."""
     cf = [(f.name, _CTYPES[f.ctype]) for f in fields] or [("_unused", ctypes.c_int)]
     return type(name, (ctypes.Structure,), {"_fields_": cf})
+
+
+_STRIDE_NAMES: dict[str, tuple[str, str, str]] = {}
+
+
+def set_strides(struct: ctypes.Structure, prefix: str, strides: tuple[int, ...]) -> None:
+    """``struct.<prefix>_sb``, ``_sh``, ``_sn`` <- the first three of a (B, H, N, d) tensor's ``strides``
+    (the field names are built once per prefix: this runs several times per launch)."""
+    names = _STRIDE_NAMES.get(prefix)
+    if names is None:
+        names = _STRIDE_NAMES.setdefault(prefix, (f"{prefix}_sb", f"{prefix}_sh", f"{prefix}_sn"))
+    setattr(struct, names[0], strides[0])
+    setattr(struct, names[1], strides[1])
+    setattr(struct, names[2], strides[2])
 
 
 def buffer_fields(buffers) -> tuple[CField, ...]:
