@@ -130,18 +130,6 @@ __device__ __forceinline__ float ac_exp2_poly(float x) {
   return poly * scale;
 }
 
-// ac_exp2_poly for an x known to be finite or NaN and >= -126 (a fixed softmax offset's exponents on an unmasked
-// block: ir/scorerange.py bounds them to [-100, 48]): no clamp, 8 instructions.
-__device__ __forceinline__ float ac_exp2_poly_bounded(float x) {
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
-  float poly = fmaf(0.05517132f, f, 0.24261054f);
-  poly = fmaf(poly, f, 0.69326097f);
-  poly = fmaf(poly, f, 0.99992812f);
-  const float scale = __int_as_float((__float_as_int(t) << 23) + (127 << 23));
-  return poly * scale;
-}
-
 // Cooperative async copy of a ROWS x COLS tile (COLS % 8 == 0) into padded shared memory
 // (row stride SSTRIDE elements). Rows >= rows_valid are zero-filled.
 template <int ROWS, int COLS, int SSTRIDE, int NTHREADS, typename T>

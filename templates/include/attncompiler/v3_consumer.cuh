@@ -156,11 +156,9 @@ struct V3Consumer {
 
   // One of this thread's exponentials: exp2(a * b - m), on MUFU or, for the first EXP2_POLY of every
   // 8 n8 tiles, on the FMA pipes (mma.cuh, ac_exp2_poly).
-  template <int NT, bool kBounded = false>
+  template <int NT>
   static __device__ __forceinline__ float exp2_sel(float a, float b, float m) {
-    if constexpr (NT % 8 < Cfg::EXP2_POLY && kBounded) {
-      return ac_exp2_poly_bounded(fmaf(a, b, -m));
-    } else if constexpr (NT % 8 < Cfg::EXP2_POLY) {
+    if constexpr (NT % 8 < Cfg::EXP2_POLY) {
       return ac_exp2_poly(fmaf(a, b, -m));
     } else {
       return fast_exp2(fmaf(a, b, -m));
@@ -169,14 +167,14 @@ struct V3Consumer {
 
   // kRoundP: P is rounded to the element type here, so that l sums the very weights P V multiplies
   // (convert_p's rounding is then exact).
-  template <int NT, int HF, bool kRoundP = false, bool kBounded = false>
+  template <int NT, int HF, bool kRoundP = false>
   __device__ __forceinline__ void exp_pair(float exp_scale, float m_ref, float& sum) {
     float* c = &acc_s[4 * NT + 2 * HF];
-    c[0] = exp2_sel<NT, kBounded>(c[0], exp_scale, m_ref);
-    c[1] = exp2_sel<NT, kBounded>(c[1], exp_scale, m_ref);
+    c[0] = exp2_sel<NT>(c[0], exp_scale, m_ref);
+    c[1] = exp2_sel<NT>(c[1], exp_scale, m_ref);
     if constexpr (kRoundP) Tr::round2(c[0], c[1]);
     sum += c[0] + c[1];
-    if constexpr (NT + 1 < BN / 8) exp_pair<NT + 1, HF, kRoundP, kBounded>(exp_scale, m_ref, sum);
+    if constexpr (NT + 1 < BN / 8) exp_pair<NT + 1, HF, kRoundP>(exp_scale, m_ref, sum);
   }
 
   // With a fixed offset the first block's P are summed as rounded: its row maximum may lie outside the
@@ -266,18 +264,8 @@ struct V3Consumer {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) alpha[hf] = 1.f;
       float sum0 = 0.f, sum1 = 0.f;
-#ifdef AC_EXP_BOUNDED
-      // Unmasked (the copy without the mask pass, whose scores are all finite): every exponent lies in the
-      // fixed offset's range, so the polynomial needs no clamp.
-      if (kTwoSoftmaxCopies && !masked) {
-        exp_pair<0, 0, false, true>(exp_scale, row_max[0], sum0);
-        exp_pair<0, 1, false, true>(exp_scale, row_max[1], sum1);
-      } else
-#endif
-      {
-        exp_pair<0, 0>(exp_scale, row_max[0], sum0);
-        exp_pair<0, 1>(exp_scale, row_max[1], sum1);
-      }
+      exp_pair<0, 0>(exp_scale, row_max[0], sum0);
+      exp_pair<0, 1>(exp_scale, row_max[1], sum1);
       row_sum[0] += sum0;
       row_sum[1] += sum1;
     } else {
