@@ -306,3 +306,23 @@ def test_nvcc_backward_other_head_dims(head_dim):
         for spec in (presets.causal(head_dim), presets.softcap(30.0, head_dim)):
             rep = compile_with_nvcc(_render(spec, arch.rstrip("a"), False).source, arch)
             print(f"bwd d={head_dim} {arch} {spec.name}: {rep.registers} regs, spill {rep.spill_stores} B")
+
+
+def test_bwd_params_pointers_and_strides():
+    """The backward's by-value parameters: the workspace's two rows (lse2, dsum), each gradient's pointer and its
+    (B, H, N) element strides, heads-inner layouts included; dq None (atomic mode) leaves its fields zero."""
+    from attncompiler.runtime.backward import bwd_params
+
+    dout = torch.empty(2, 3, 40, 64, dtype=torch.bfloat16)
+    dk = torch.empty(2, 40, 3, 64, dtype=torch.bfloat16).transpose(1, 2)  # (B, N, H, d) storage
+    dv = torch.empty(2, 3, 40, 32, dtype=torch.bfloat16)
+    ws = torch.empty(2, 6 * 64, dtype=torch.float32)
+    for dq in (torch.empty(2, 3, 40, 64, dtype=torch.bfloat16), None):
+        bp = bwd_params(dout, dq, dk, dv, None, None, ws, 64)
+        assert bp.lse2 == ws[0].data_ptr() and bp.dsum == ws[1].data_ptr() and bp.Nq_pad == 64
+        assert bp.dk == dk.data_ptr() and (bp.dk_sb, bp.dk_sh, bp.dk_sn) == dk.stride()[:3] == (7680, 64, 192)
+        assert (bp.do_sb, bp.do_sh, bp.do_sn) == dout.stride()[:3] and (bp.dv_sn, bp.dv_sh) == (32, 1280)
+        if dq is None:
+            assert not bp.dq and (bp.dq_sb, bp.dq_sh, bp.dq_sn) == (0, 0, 0)
+        else:
+            assert bp.dq == dq.data_ptr() and (bp.dq_sb, bp.dq_sh, bp.dq_sn) == dq.stride()[:3]
