@@ -1,13 +1,14 @@
 """SM clock and board power while one v3 kernel runs back to back (GPU; needs nvidia-smi).
 
-    PYTHONPATH=. python3 benchmarks/clock_power.py [--seconds 3] [--rounds 2] [--set window|variants|all]
+    PYTHONPATH=. python3 benchmarks/clock_power.py [--seconds 3] [--rounds 2] [--set window|variants|poly|all]
 
 Each kernel runs for ``--seconds`` while ``nvidia-smi`` samples the SM clock and the board's power draw every
 50 ms; the line gives the time per call, the median clock and the median power.  ``window``: full attention
 (d = 128, N = 16k, H = 16), the sliding window 1024 and dense attention over Nk = 1152 keys (the window's
 short K/V loop without a mask), with the window's time and its cycles (time x clock) over full attention's,
 per visible pair.  ``variants``: plain and softcap at d = 64 and 128 (N = 16k, H*d = 2048), softcap over plain
-in time and in cycles.
+in time and in cycles.  ``poly``: softcap with 0 / 1 / 2 (d = 128) and 0 / 4 / 6 (d = 64) of every 8 exponentials on
+the FMA pipes, in time and in cycles.
 
 Why: on the H100 every one of these kernels draws the board's power limit, so the clock, not the kernel,
 gives way (docs/perf-notes.md, thirteenth session).  A kernel that stalls more gets a higher clock, so a
@@ -26,13 +27,13 @@ def _sampler() -> subprocess.Popen:
                              "-lms", "50"], stdout=subprocess.PIPE, text=True)
 
 
-def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float) -> tuple[float, float, float]:
-    """(ms per call, median SM clock in MHz, median board power in W) of ``spec``'s v3 kernel."""
+def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float, **options) -> tuple[float, float, float]:
+    """(ms per call, median SM clock in MHz, median board power in W) of ``spec``'s v3 kernel (plan ``options``)."""
     import torch
 
     import attncompiler as ac
 
-    kern = ac.compile(spec, "v3")
+    kern = ac.compile(spec, "v3", **options)
     heads = 2048 // d
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, heads, nq, d, device="cuda", generator=g).bfloat16()
@@ -91,11 +92,27 @@ def variants_set(seconds: float) -> None:
         print(f"  d = {d}: softcap / plain speed: time {tp / ts:.3f}, cycles {tp * cp / (ts * cs):.3f}", flush=True)
 
 
+def poly_set(seconds: float) -> None:
+    """Softcap with its exponentials moved to the FMA pipes (plan option exp2_poly): does the FMA-pipe work cost
+    clock under the power limit (time ratio) more than it saves XU cycles (cycle ratio)?"""
+    from attncompiler.spec import presets
+
+    n = 16384
+    for d, polys in ((128, (0, 1, 2)), (64, (0, 4, 6))):
+        spec = presets.get_preset("softcap", head_dim=d, num_heads=2048 // d, seqlen=n)
+        base = None
+        for poly in polys:
+            r = run_kernel(f"softcap d = {d} poly {poly}", spec, d, n, n, seconds, exp2_poly=poly)
+            base = base or r
+            print(f"  over poly {polys[0]}: speed in time {base[0] / r[0]:.3f}, in cycles "
+                  f"{base[0] * base[1] / (r[0] * r[1]):.3f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="time each kernel runs while sampled (default 3)")
     ap.add_argument("--rounds", type=int, default=2, help="repeat the set (default 2)")
-    ap.add_argument("--set", choices=("window", "variants", "all"), default="all")
+    ap.add_argument("--set", choices=("window", "variants", "poly", "all"), default="all")
     args = ap.parse_args(argv)
     import torch
 
@@ -108,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             window_set(args.seconds)
         if args.set in ("variants", "all"):
             variants_set(args.seconds)
+        if args.set in ("poly", "all"):
+            poly_set(args.seconds)
     return 0
 
 
