@@ -114,7 +114,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
         if st[0] % 8 or st[1] % 8 or st[2] % 8 or t.data_ptr() % 16:
             raise InputError(
                 f"{name}: expected 16-byte aligned rows (strides multiples of 8 elements, 16-byte aligned "
-                f"base), got strides {t.stride()} and address {t.data_ptr():#x}; call .contiguous() first"
+                f"base), got strides {st} and address {t.data_ptr():#x}; call .contiguous() first"
             )
     return AttnInputs(B, H, H_kv, Nq, Nk, D, DV)
 
