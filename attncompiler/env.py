@@ -11,6 +11,9 @@ ATTNCOMPILER_NVCC              the nvcc used for offline compile checks (default
 ATTNCOMPILER_VERBOSE           "1": print each compilation and its time to stderr
 ATTNCOMPILER_TUNED_DIR         where autotuned plans are kept (default: <cache dir>/tuned)
 ATTNCOMPILER_USE_TUNED         "0": ``compile(schedule="auto")`` ignores autotuned plans (default "1")
+XDG_CACHE_HOME                 the cache root's parent when ATTNCOMPILER_CACHE_DIR is unset (default ~/.cache)
+CUDA_PATH, CUDA_HOME           CUDA toolkits whose include/ folders NVRTC searches (after ATTNCOMPILER_CUDA_INCLUDE)
+OUT                            ``attncompiler bench``'s output folder when --out is not given
 =============================  =================================================================
 """
 from __future__ import annotations
@@ -18,8 +21,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "disk_cache_enabled", "cuda_include_override", "nvcc_path", "verbose", "tuned_dir",
-           "use_tuned", "ENV_VARS"]
+__all__ = ["cache_dir", "disk_cache_enabled", "cuda_include_override", "cuda_toolkit_includes", "nvcc_path",
+           "verbose", "tuned_dir", "use_tuned", "bench_out_dir", "ENV_VARS"]
 
 ENV_VARS = (
     "ATTNCOMPILER_CACHE_DIR",
@@ -29,6 +32,10 @@ ENV_VARS = (
     "ATTNCOMPILER_VERBOSE",
     "ATTNCOMPILER_TUNED_DIR",
     "ATTNCOMPILER_USE_TUNED",
+    "XDG_CACHE_HOME",
+    "CUDA_PATH",
+    "CUDA_HOME",
+    "OUT",
 )
 
 
@@ -49,6 +56,11 @@ def cuda_include_override() -> str | None:
     return os.environ.get("ATTNCOMPILER_CUDA_INCLUDE") or None
 
 
+def cuda_toolkit_includes() -> list[str]:
+    """The include/ folders of the toolkits named by CUDA_PATH and CUDA_HOME, in that order."""
+    return [os.path.join(os.environ[var], "include") for var in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(var)]
+
+
 def nvcc_path() -> str:
     return os.environ.get("ATTNCOMPILER_NVCC", "nvcc")
 
@@ -67,3 +79,9 @@ def tuned_dir() -> Path:
 
 def use_tuned() -> bool:
     return os.environ.get("ATTNCOMPILER_USE_TUNED", "1") not in ("0", "false", "no")
+
+
+def bench_out_dir() -> Path | None:
+    """The benchmark output folder named by OUT, if set."""
+    out = os.environ.get("OUT")
+    return Path(out) if out else None

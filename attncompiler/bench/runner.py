@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import env
 from . import grid as G
 from .grid import Case, Measurement, Suite, VariantParams
 from .measure import (Impl, InputSets, Timer, case_flops, classify_error, is_compile_failure, is_fatal_cuda_error,
@@ -66,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_out_dir(out: str | None, report_only: str | None = None) -> Path:
     if out:
         return Path(out)
-    if os.environ.get("OUT"):
-        return Path(os.environ["OUT"])
+    if env.bench_out_dir() is not None:
+        return env.bench_out_dir()
     if report_only:
         return Path(report_only).resolve().parent
     return Path("bench_results")

@@ -62,9 +62,7 @@ def _cuda_include_dirs() -> list[str]:
     cands: list[str] = []
     if env.cuda_include_override():
         cands.append(env.cuda_include_override() or "")
-    for var in ("CUDA_PATH", "CUDA_HOME"):
-        if os.environ.get(var):
-            cands.append(os.path.join(os.environ[var], "include"))
+    cands += env.cuda_toolkit_includes()
     nvcc = shutil.which("nvcc")
     if nvcc:
         cands.append(str(Path(nvcc).resolve().parent.parent / "include"))
