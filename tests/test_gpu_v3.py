@@ -197,6 +197,12 @@ def test_persistent(name, head_dim):
     for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
         res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
         assert res.ok, f"persistent causal GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+    # without a mask the persistent tiles run head by head (v3_tile's kByHead order): GQA, cross lengths, and more
+    # tiles than SMs (B * H * 9 query blocks at 1100 rows)
+    kern = ac.compile(presets.plain(head_dim), "v3", persistent=True)
+    for b, h, hkv, nq, nk in ((2, 3, 1, 517, 1500), (2, 3, 3, 1500, 517), (8, 6, 2, 1100, 1100)):
+        res = check_kernel(kern, b, h, nq, nk, H_kv=hkv)
+        assert res.ok, f"persistent plain B={b} H={h} H_kv={hkv} Nq={nq} Nk={nk}: {res}"
 
 
 @needs_hopper

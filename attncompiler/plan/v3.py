@@ -364,7 +364,10 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
          f"{ctas} CTAs per SM (one consumer warpgroup each: a CTA's start and drain run under the other's loop; "
          f"measured slower than the two-consumer ping-pong on an H200 except plain d = 64 at N = 1024: "
          f"docs/perf-notes.md, fifteenth session)"),
-        (f"persistent grid: min(tiles, {ctas} x SMs) CTAs loop over the tiles heaviest first" if persistent else
+        (f"persistent grid: min(tiles, {ctas} x SMs) CTAs loop over the tiles, "
+         + ("the query blocks of one batch*head together (their K/V shared in L2)"
+            if getattr(ir_or_dims, "mask_expr", None) is None else "every head's heaviest query blocks first")
+         if persistent else
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
     ]
