@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_out_dir(out: str | None, report_only: str | None = None) -> Path:
     if out:
         return Path(out)
-    if env.bench_out_dir() is not None:
-        return env.bench_out_dir()
+    from_env = env.bench_out_dir()
+    if from_env is not None:
+        return from_env
     if report_only:
         return Path(report_only).resolve().parent
     return Path("bench_results")
