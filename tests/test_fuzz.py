@@ -25,6 +25,7 @@ from attncompiler.codegen.v2_bwd import make_bwd_plan, render_bwd
 from attncompiler.ir.build import build_ir, verify
 from attncompiler.plan.targets import get_target
 from attncompiler.reference import reference_attention
+from attncompiler.spec import presets
 from attncompiler.simulate import TileSchedule, simulate
 
 TOL = 1e-10
@@ -94,6 +95,14 @@ def test_fuzzed_specs_trace_verify_and_render(seed: int) -> None:
             assert 'extern "C" __global__' in ks.source and "struct Variant" in ks.source, f"{name} {arch}: {fs}"
         bwd = render_bwd(ir, make_bwd_plan(ir, tgt), tgt)
         assert "attn_bwd_pre" in bwd.source, f"backward {arch}: {fs}"
+    # v3 (sm_90 only) with the seed's fuzzed plan options, as tests/test_gpu_fuzz.py runs it
+    tgt = get_target("sm_90")
+    opts = fuzz.accepted_options(fs.spec, "v3", tgt, fuzz.v3_options(seed))
+    plan = get_schedule("v3").make_plan(ir, tgt, **opts)
+    ks = get_schedule("v3").render(ir, plan, tgt)
+    assert "wgmma.mma_async" in ks.source or "wgmma_" in ks.source, f"v3 {opts}: {fs}"
+    for name, want in opts.items():
+        assert getattr(plan, name) == want, f"v3 plan ignores {name}={want!r}: {plan}"
 
 
 def _visible(ir, bufs: dict, B: int, H: int, Nq: int, Nk: int) -> torch.Tensor:
@@ -169,6 +178,25 @@ def test_bad_seeds() -> None:
     for bad in (-1, 1.5, "3", True):
         with pytest.raises(ValueError, match="seed: expected an int >= 0"):
             fuzz.random_case(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="seed: expected an int >= 0"):
+            fuzz.v3_options(bad)  # type: ignore[arg-type]
+
+
+def test_v3_options_cover_the_sets_and_fall_back() -> None:
+    """Over 200 seeds every option set is drawn; a set the planner refuses (the Q prescale without a
+    ``G(c * score)`` score_mod) falls back to the model's plan, an accepted one is kept as given."""
+    drawn = [fuzz.v3_options(s) for s in range(200)]
+    assert all(o in drawn for o in fuzz.V3_OPTION_SETS)
+    assert fuzz.v3_options(17) == fuzz.v3_options(17)
+    tgt = get_target("sm_90")
+    plain = presets.plain(128)
+    assert fuzz.accepted_options(plain, "v3", tgt, {"q_prescale": True}) == {}
+    assert fuzz.accepted_options(presets.softcap(30.0, 128), "v3", tgt, {"q_prescale": True}) == {"q_prescale": True}
+    assert fuzz.accepted_options(plain, "v3", tgt, {"persistent": True}) == {"persistent": True}
+    jobs = fuzz.compile_jobs([plain, plain], tgt, schedules=("v3",), options=[{}, {"persistent": True}])
+    assert len(jobs) == 2 and jobs[0][0] != jobs[1][0]
+    with pytest.raises(ValueError, match=r"options: expected one dict per spec \(2\), got 1"):
+        fuzz.compile_jobs([plain, plain], tgt, schedules=("v3",), options=[{}])
 
 
 @pytest.mark.nvcc
@@ -182,6 +210,8 @@ def test_nvcc_compiles_fuzzed_specs(seed: int) -> None:
     tgt = get_target("sm_90")
     sources = {name: get_schedule(name).render(ir, get_schedule(name).make_plan(ir, tgt), tgt).source
                for name in ("v1", "v2")}
+    opts = fuzz.accepted_options(fs.spec, "v3", tgt, fuzz.v3_options(seed))
+    sources["v3"] = get_schedule("v3").render(ir, get_schedule("v3").make_plan(ir, tgt, **opts), tgt).source
     sources["bwd"] = render_bwd(ir, make_bwd_plan(ir, tgt), tgt).source
     for name, src in sources.items():
         rep = compile_with_nvcc(src, "sm_90a")

@@ -7,7 +7,10 @@ on an H100, most of it parallel NVRTC in the module fixture).  The longer run fo
 * 60 specs (``attncompiler.fuzz.random_spec(i)``, i < 60) x 4 shapes each = 240 v2 forward cases
   (``check_kernel``: error-ratio rule against the float64 reference, lse to 2e-3);
 * every 4th spec x 2 shapes through v1 (30 cases);
-* every 3rd spec x 2 shapes through the backward (``check_kernel_grads``: dq, dk, dv; 40 cases).
+* every 3rd spec x 2 shapes through the backward (``check_kernel_grads``: dq, dk, dv; 40 cases);
+* on sm_90, every spec x 4 shapes through v3 with the seed's plan options (``fuzz.v3_options``: the
+  persistent grid, one or three consumers, the descending walk, ...; 240 cases), and every 3rd spec x 2
+  shapes through v3 and the backward that takes v3's LSE (40 cases).
 
 A failure prints the case's description (preset, flags, the generated mods' source) and shape;
 ``fuzz.random_spec(i)`` / ``fuzz.random_shape(1000 * i + j)`` rebuild it.
@@ -18,6 +21,7 @@ import functools
 import os
 
 import pytest
+import torch
 
 from attncompiler import fuzz
 
@@ -34,6 +38,13 @@ def _spec(i: int) -> fuzz.FuzzSpec:
     return fuzz.random_spec(i)
 
 
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
+
+
 def _shape(i: int, j: int) -> dict:
     return fuzz.random_shape(1000 * i + j)
 
@@ -48,6 +59,9 @@ def _precompile():
     jobs = fuzz.compile_jobs([_spec(i).spec for i in range(N_SPECS)], tgt)
     jobs += fuzz.compile_jobs([_spec(i).spec for i in V1_SPECS], tgt, schedules=("v1",))
     jobs += fuzz.compile_jobs([_spec(i).spec for i in BWD_SPECS], tgt, schedules=(), backward=True)
+    if _hopper():
+        jobs += fuzz.compile_jobs([_spec(i).spec for i in range(N_SPECS)], tgt, schedules=("v3",),
+                                  options=[fuzz.v3_options(i) for i in range(N_SPECS)])
     precompile_to_disk(jobs, workers=min(16, os.cpu_count() or 1))
     yield
 
@@ -74,6 +88,19 @@ def test_fuzz_v1_forward(i: int) -> None:
 @pytest.mark.parametrize("i", BWD_SPECS)
 def test_fuzz_backward(i: int) -> None:
     _run(i, range(2), schedule="v2", backward=True)
+
+
+@needs_hopper
+@pytest.mark.parametrize("i", range(N_SPECS))
+def test_fuzz_v3_forward(i: int) -> None:
+    _run(i, range(SHAPES_PER_SPEC), schedule="v3", options=fuzz.v3_options(i))
+
+
+@needs_hopper
+@pytest.mark.parametrize("i", BWD_SPECS)
+def test_fuzz_v3_backward(i: int) -> None:
+    """The backward kernels fed by the v3 forward's output and LSE (shapes 2, 3: not the v2 backward's)."""
+    _run(i, range(2, 4), schedule="v3", backward=True, options=fuzz.v3_options(i))
 
 
 def test_fuzz_seed_set_is_large_and_varied() -> None:
