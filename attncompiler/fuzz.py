@@ -41,7 +41,7 @@ from .spec.spec import AttentionSpec
 __all__ = [
     "FuzzSpec", "random_spec", "random_shape", "random_case", "compile_jobs", "run_case", "MAX_SEQLEN",
     "MAX_HEADS", "SEQLENS", "GPU_HEAD_DIMS", "CPU_HEAD_DIMS", "PRESET_CHOICES", "V3_OPTION_SETS", "v3_options",
-    "accepted_options",
+    "accepted_options", "DECODE_MAX_SEQLEN", "DECODE_OPTION_SETS", "random_decode_spec", "random_decode_shape", "decode_options",
 ]
 
 MAX_SEQLEN = 320
@@ -56,6 +56,14 @@ CPU_HEAD_DIMS: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (16, 32), (32,
 PRESET_CHOICES: tuple[str, ...] = ("none", "none", "causal", "sliding_window", "prefix_lm", "document", "alibi",
                                    "softcap", "relative_bias")
 _TABLE_RADII = (4, 16, 64)
+#: Decode cases (:func:`random_decode_shape`): few query rows against K/V up to this long.
+DECODE_MAX_SEQLEN = 4096
+_DECODE_NQ = (1, 1, 2, 3, 5, 8, 16)
+_DECODE_NK = (512, 513, 777, 1023, 1024, 1500, 2049, 3001, 4096)
+#: decode plan options the fuzz draws from (the loaders other than cp.async need sm_90; refused sets fall back)
+DECODE_OPTION_SETS: tuple[dict[str, Any], ...] = (
+    {}, {}, {"loader": "bulk"}, {"loader": "tma"}, {"fold_combine": False}, {"stages": 2}, {"num_warps": 2},
+)
 #: v3 plan options the fuzz draws from (one set per seed); a set the planner refuses for a spec (three
 #: consumers beyond their registers) falls back to the model's plan (:func:`accepted_options`).  Not here:
 #: ``q_prescale``, which rounds ``c q`` to bf16 and so computes the attention of a perturbed q; its LSE then
@@ -83,15 +91,16 @@ class FuzzSpec:
 class _Buffers:
     """The captured tensors a generated mod may read, created on first use from one generator."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, n: int = MAX_SEQLEN) -> None:
         self.gen = torch.Generator().manual_seed(seed)
+        self.n = n
         self.values: dict[str, torch.Tensor] = {}
         self.table_radius = 0
 
     def use(self, name: str, rng: random.Random) -> str:
         if name in self.values:
             return name
-        g, n, hmax = self.gen, MAX_SEQLEN, MAX_HEADS
+        g, n, hmax = self.gen, self.n, MAX_HEADS
         if name == "fz_hbias":
             t = torch.rand(hmax, generator=g) * 2.0 - 1.0
         elif name in ("fz_qbias", "fz_kvbias"):
@@ -255,12 +264,13 @@ def _preset(name: str, rng: random.Random, gen: torch.Generator) -> _Preset:
 
 
 def random_spec(seed: int, *, head_dims: tuple[tuple[int, int], ...] = GPU_HEAD_DIMS,
-                dropout: bool = True) -> FuzzSpec:
+                dropout: bool = True, max_seqlen: int = MAX_SEQLEN) -> FuzzSpec:
     """A random spec for ``seed`` (see the module docstring); ``head_dims`` are the (D, DV) pairs to
-    draw from, ``dropout`` allows dropout (p 0.1 or 0.25, one spec in ten)."""
+    draw from, ``dropout`` allows dropout (p 0.1 or 0.25, one spec in ten); ``max_seqlen``: the positions
+    the captured per-query / per-key buffers cover (the shapes run with it must not exceed it)."""
     _check_seed(seed)
     rng = random.Random(f"attncompiler-fuzz-spec:{seed}")
-    bufs = _Buffers(seed)
+    bufs = _Buffers(seed, max_seqlen)
     gram = _Grammar(rng, bufs)
     pre = _preset(rng.choice(PRESET_CHOICES), rng, bufs.gen)
     d, dv = rng.choice(head_dims)
@@ -335,6 +345,28 @@ def v3_options(seed: int) -> dict[str, Any]:
     """The v3 plan options fuzzed with seed ``seed`` (one of :data:`V3_OPTION_SETS`)."""
     _check_seed(seed)
     return dict(random.Random(f"attncompiler-fuzz-v3:{seed}").choice(V3_OPTION_SETS))
+
+
+def random_decode_spec(seed: int) -> FuzzSpec:
+    """A random spec for the decode schedule: :func:`random_spec` with buffers over
+    :data:`DECODE_MAX_SEQLEN` positions and no dropout (inference)."""
+    return random_spec(seed, dropout=False, max_seqlen=DECODE_MAX_SEQLEN)
+
+
+def random_decode_shape(seed: int) -> dict[str, Any]:
+    """A decode shape: Nq <= 16 query rows against 512..4096 keys (odd lengths among them), GQA, both layouts."""
+    _check_seed(seed)
+    rng = random.Random(f"attncompiler-fuzz-decode-shape:{seed}")
+    h = rng.randint(1, MAX_HEADS)
+    h_kv = rng.choice([x for x in range(1, h + 1) if h % x == 0])
+    return {"B": rng.choice((1, 2)), "H": h, "H_kv": h_kv, "Nq": rng.choice(_DECODE_NQ), "Nk": rng.choice(_DECODE_NK),
+            "layout": rng.choice(("bhnd", "bhnd", "bnhd"))}
+
+
+def decode_options(seed: int) -> dict[str, Any]:
+    """The decode plan options fuzzed with seed ``seed`` (one of :data:`DECODE_OPTION_SETS`)."""
+    _check_seed(seed)
+    return dict(random.Random(f"attncompiler-fuzz-decode:{seed}").choice(DECODE_OPTION_SETS))
 
 
 def accepted_options(spec: AttentionSpec, schedule: str, target: Any, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,14 @@
 """The long GPU fuzz run: N random spec x shape cases through the real kernels (one spec per seed).
 
     PYTHONPATH=. python3 benchmarks/fuzz_long.py N [--start S] [--v1-every K] [--bwd-every K]
-                                                   [--v3-every K] [--chunk C] [--workers W]
+                                                   [--v3-every K] [--decode-every K] [--chunk C]
+                                                   [--workers W]
 
 Seed s runs ``attncompiler.fuzz.random_spec(s)`` on ``random_shape(s)`` through v2 (every seed),
 v1 (every K-th seed), the backward (every K-th seed) and, on sm_90, v3 with the seed's plan options
-(``fuzz.v3_options``; every K-th seed, and the backward after it where the seed takes one) -- the checks
-of tests/test_gpu_fuzz.py
+(``fuzz.v3_options``; every K-th seed, and the backward after it where the seed takes one), and the
+decode schedule (every K-th seed: ``fuzz.random_decode_spec`` on ``random_decode_shape``, with
+``fuzz.decode_options``) -- the checks of tests/test_gpu_fuzz.py
 (``attncompiler.fuzz.run_case``), on seeds that test file does not use (default start 100000).
 Kernels are compiled by NVRTC in parallel C seeds at a time before they run.  Prints one line per
 failure with the case's description, writes every result as JSON lines to $OUT/fuzz_long.jsonl
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--v1-every", type=int, default=5, help="also run v1 on every K-th seed (0: never)")
     ap.add_argument("--bwd-every", type=int, default=3, help="also run the backward on every K-th seed (0: never)")
     ap.add_argument("--v3-every", type=int, default=1, help="also run v3 on every K-th seed on sm_90 (0: never)")
+    ap.add_argument("--decode-every", type=int, default=2, help="also run a decode case on every K-th seed (0: never)")
     ap.add_argument("--chunk", type=int, default=64, help="seeds compiled in parallel before running")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="NVRTC processes")
     args = ap.parse_args(argv)
@@ -62,23 +65,29 @@ def main(argv: list[str] | None = None) -> int:
             v3 = [s for s in seeds if v3_ok and s % args.v3_every == 0]
             jobs += fuzz.compile_jobs([specs[s].spec for s in v3], tgt, schedules=("v3",),
                                       options=[fuzz.v3_options(s) for s in v3])
+            dec = {s: fuzz.random_decode_spec(s) for s in seeds if args.decode_every and s % args.decode_every == 0}
+            jobs += fuzz.compile_jobs([fs.spec for fs in dec.values()], tgt, schedules=("decode",),
+                                      options=[fuzz.decode_options(s) for s in dec])
             precompile_to_disk(jobs, workers=args.workers)
             for s in seeds:
                 shape = fuzz.random_shape(s)
                 runs = [("v2", s in bwd)] + ([("v1", False)] if s in v1 else []) + ([("v3", s in bwd)] if s in v3 else [])
+                runs += [("decode", False)] if s in dec else []
                 for schedule, backward in runs:
                     n_cases += 1
-                    opts = fuzz.v3_options(s) if schedule == "v3" else {}
+                    opts = {"v3": fuzz.v3_options, "decode": fuzz.decode_options}.get(schedule, lambda _: {})(s)
+                    fs, case_shape = (dec[s], fuzz.random_decode_shape(s)) if schedule == "decode" else (specs[s], shape)
                     try:
-                        ok, msg = fuzz.run_case(specs[s], shape, schedule=schedule, backward=backward, seed=s,
+                        ok, msg = fuzz.run_case(fs, case_shape, schedule=schedule, backward=backward, seed=s,
                                                 options=opts)
                     except Exception as e:  # a compile error or crash is a failure of this case
-                        ok, msg = False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}\n{specs[s]}"
+                        ok, msg = False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}\n{fs}"
                     n_fail += not ok
                     fout.write(json.dumps({"seed": s, "schedule": schedule, "options": opts, "backward": backward,
-                                           "shape": shape, "ok": ok, "message": msg}) + "\n")
+                                           "shape": case_shape, "ok": ok, "message": msg}) + "\n")
                     if not ok:
                         print(f"FAIL seed {s} {schedule}{' +bwd' if backward else ''}: {msg}\n", flush=True)
+            fout.flush()
             print(f"  seeds < {seeds[-1] + 1}: {n_cases} cases, {n_fail} failed, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
     print(f"{n_cases} cases, {n_fail} failed ({time.perf_counter() - t0:.0f} s)")

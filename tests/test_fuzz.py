@@ -180,6 +180,8 @@ def test_bad_seeds() -> None:
             fuzz.random_case(bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="seed: expected an int >= 0"):
             fuzz.v3_options(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="seed: expected an int >= 0"):
+            fuzz.random_decode_shape(bad)  # type: ignore[arg-type]
 
 
 def test_v3_options_cover_the_sets_and_fall_back() -> None:
@@ -197,6 +199,32 @@ def test_v3_options_cover_the_sets_and_fall_back() -> None:
     assert len(jobs) == 2 and jobs[0][0] != jobs[1][0]
     with pytest.raises(ValueError, match=r"options: expected one dict per spec \(2\), got 1"):
         fuzz.compile_jobs([plain, plain], tgt, schedules=("v3",), options=[{}])
+
+
+def test_decode_cases() -> None:
+    """Decode cases: few query rows against long K/V, buffers long enough for them, every option set drawn,
+    and each spec renders through the decode schedule with its (accepted) options on sm_90."""
+    shapes = [fuzz.random_decode_shape(s) for s in range(300)]
+    assert all(1 <= s["Nq"] <= 16 and 512 <= s["Nk"] <= fuzz.DECODE_MAX_SEQLEN for s in shapes)
+    assert any(s["H_kv"] < s["H"] for s in shapes) and any(s["Nk"] % 16 for s in shapes)
+    drawn = [fuzz.decode_options(s) for s in range(200)]
+    assert all(o in drawn for o in fuzz.DECODE_OPTION_SETS)
+    tgt = get_target("sm_90")
+    for seed in range(12):
+        fs = fuzz.random_decode_spec(seed)
+        assert fs.spec.dropout_p == 0.0
+        bufs = fs.spec.trace().buffer_values
+        for name in ("fz_qbias", "fz_kvbias", "fz_doc", "fz_keep"):
+            if name in bufs:
+                assert bufs[name].shape[0] == fuzz.DECODE_MAX_SEQLEN, name
+        opts = fuzz.accepted_options(fs.spec, "decode", tgt, fuzz.decode_options(seed))
+        ir = build_ir(fs.spec)
+        ks = get_schedule("decode").render(ir, get_schedule("decode").make_plan(ir, tgt, **opts), tgt)
+        assert 'extern "C" __global__' in ks.source, f"decode {opts}: {fs}"
+    # the v2 / v3 fuzz's specs keep their buffers (and so their values) at MAX_SEQLEN
+    for seed in range(40):
+        b = fuzz.random_spec(seed).spec.trace().buffer_values
+        assert all(t.shape[0] == fuzz.MAX_SEQLEN for n, t in b.items() if n in ("fz_qbias", "fz_kvbias", "fz_doc"))
 
 
 @pytest.mark.nvcc

@@ -10,7 +10,10 @@ on an H100, most of it parallel NVRTC in the module fixture).  The longer run fo
 * every 3rd spec x 2 shapes through the backward (``check_kernel_grads``: dq, dk, dv; 40 cases);
 * on sm_90, every spec x 4 shapes through v3 with the seed's plan options (``fuzz.v3_options``: the
   persistent grid, one or three consumers, the descending walk, ...; 240 cases), and every 3rd spec x 2
-  shapes through v3 and the backward that takes v3's LSE (40 cases).
+  shapes through v3 and the backward that takes v3's LSE (40 cases);
+* every other spec (``fuzz.random_decode_spec``: buffers over 4096 positions, no dropout) x 2 decode shapes
+  (Nq <= 16 against 512..4096 keys) through the decode schedule with the seed's plan options
+  (``fuzz.decode_options``: loaders, unfolded combine, stages, warps; 60 cases).
 
 A failure prints the case's description (preset, flags, the generated mods' source) and shape;
 ``fuzz.random_spec(i)`` / ``fuzz.random_shape(1000 * i + j)`` rebuild it.
@@ -38,6 +41,14 @@ def _spec(i: int) -> fuzz.FuzzSpec:
     return fuzz.random_spec(i)
 
 
+@functools.lru_cache(maxsize=None)
+def _decode_spec(i: int) -> fuzz.FuzzSpec:
+    return fuzz.random_decode_spec(i)
+
+
+DECODE_SPECS = tuple(range(0, N_SPECS, 2))
+
+
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -62,6 +73,8 @@ def _precompile():
     if _hopper():
         jobs += fuzz.compile_jobs([_spec(i).spec for i in range(N_SPECS)], tgt, schedules=("v3",),
                                   options=[fuzz.v3_options(i) for i in range(N_SPECS)])
+    jobs += fuzz.compile_jobs([_decode_spec(i).spec for i in DECODE_SPECS], tgt, schedules=("decode",),
+                              options=[fuzz.decode_options(i) for i in DECODE_SPECS])
     precompile_to_disk(jobs, workers=min(16, os.cpu_count() or 1))
     yield
 
@@ -101,6 +114,18 @@ def test_fuzz_v3_forward(i: int) -> None:
 def test_fuzz_v3_backward(i: int) -> None:
     """The backward kernels fed by the v3 forward's output and LSE (shapes 2, 3: not the v2 backward's)."""
     _run(i, range(2, 4), schedule="v3", backward=True, options=fuzz.v3_options(i))
+
+
+@pytest.mark.parametrize("i", DECODE_SPECS)
+def test_fuzz_decode(i: int) -> None:
+    failures = []
+    for j in range(2):
+        shape = fuzz.random_decode_shape(1000 * i + j)
+        ok, msg = fuzz.run_case(_decode_spec(i), shape, schedule="decode", seed=1000 * i + j,
+                                options=fuzz.decode_options(i))
+        if not ok:
+            failures.append(f"[decode spec {i}, shape {j}] {msg}")
+    assert not failures, "\n\n".join(failures)
 
 
 def test_fuzz_seed_set_is_large_and_varied() -> None:
