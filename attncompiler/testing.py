@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from .reference import eager_attention, error_ratio_check, reference_attention
@@ -52,8 +53,11 @@ def check_kernel(kernel, B: int, H: int, Nq: int, Nk: int | None = None, *, seed
 
     ``layout`` "bnhd" passes (B, N, H, d) storage viewed as (B, H, N, d); ``H_kv`` (default H)
     gives k and v fewer heads (GQA / MQA). The LSE passes within ``lse_tol`` + LSE_ULPS fp32 ulps of
-    |LSE|. ``seed`` seeds the inputs (their own generator: the same call draws the same inputs whatever
-    ran before it) and is the dropout seed."""
+    |LSE|, or, when the score_mod holds a tanh (the kernels' ``tanh.approx.f32``, relative error up to
+    2^-11, so a logit of magnitude x may be off by ~x 2^-11 and the LSE with it), within ``factor`` times
+    eager's LSE error (the error-ratio rule; fuzz seed 100733: softcap 30 times 1.5, five keys per row, LSE
+    3.2e-3 off in v2 and v3 alike against eager's 1e-2).  ``seed`` seeds the inputs (their own generator: the
+    same call draws the same inputs whatever ran before it) and is the dropout seed."""
     Nk = Nq if Nk is None else Nk
     ir = kernel.ir
     dt = torch.bfloat16 if ir.dtype == "bf16" else torch.float16
@@ -64,22 +68,27 @@ def check_kernel(kernel, B: int, H: int, Nq: int, Nk: int | None = None, *, seed
     _, lse = kernel(q, k, v, out=out, return_lse=True, seed=seed)
     bufs = kernel._buffers
     ref, ref_lse = reference_attention(q, k, v, ir, buffers=bufs, seed=seed, return_lse=True)
-    eag = eager_attention(q, k, v, ir, buffers=bufs, seed=seed)
+    eag, eag_lse = eager_attention(q, k, v, ir, buffers=bufs, seed=seed, return_lse=True)
     ok, msg = error_ratio_check(out, ref, eag, factor=factor)
-    lse_ok, lse_err = lse_check(lse, ref_lse, lse_tol)
+    floor = 0.0
+    if ir.score_expr is not None and ir.score_expr.has(sympy.tanh):
+        floor = factor * lse_check(eag_lse.to(ref_lse.device), ref_lse)[1]
+    lse_ok, lse_err = lse_check(lse, ref_lse, lse_tol, floor)
     return CheckResult(ok and lse_ok, msg, lse_err, (B, H, Nq, Nk))
 
 
-def lse_check(lse: torch.Tensor, ref_lse: torch.Tensor, lse_tol: float = 2e-3) -> tuple[bool, float]:
-    """(every LSE within lse_tol + LSE_ULPS fp32 ulps of |ref|, the largest absolute error). Equal infinities
-    (rows with no visible key) match; a NaN never does. The kernel holds the LSE in fp32: where |LSE| is
-    large (ALiBi over 64k keys reaches 16386, whose fp32 ulp is 2^-9 = 1.95e-3) lse_tol alone would ask
-    for less than one ulp."""
+def lse_check(lse: torch.Tensor, ref_lse: torch.Tensor, lse_tol: float = 2e-3,
+              floor: float = 0.0) -> tuple[bool, float]:
+    """(every LSE within max(lse_tol + LSE_ULPS fp32 ulps of |ref|, floor), the largest absolute error). Equal
+    infinities (rows with no visible key) match; a NaN never does. The kernel holds the LSE in fp32: where |LSE|
+    is large (ALiBi over 64k keys reaches 16386, whose fp32 ulp is 2^-9 = 1.95e-3) lse_tol alone would ask
+    for less than one ulp.  ``floor``: an error the caller accepts anyway (check_kernel: eager's, for
+    score_mods with an approximate transcendental)."""
     ref = ref_lse.double()
     both_inf = torch.isinf(ref) & (lse.double() == ref)
     lerr = (lse.double() - ref).abs().masked_fill(both_inf, 0.0)
     lerr = lerr.masked_fill(torch.isnan(lerr), float("inf"))
-    bound = lse_tol + LSE_ULPS * 2.0**-23 * ref.abs().masked_fill(torch.isinf(ref), 0.0)
+    bound = (lse_tol + LSE_ULPS * 2.0**-23 * ref.abs().masked_fill(torch.isinf(ref), 0.0)).clamp(min=floor)
     return bool((lerr <= bound).all()), (float(lerr.max()) if lerr.numel() else 0.0)
 
 

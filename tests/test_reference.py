@@ -304,11 +304,14 @@ def test_lse_check_bound():
     small[0] += 2.5e-3  # |LSE| ~ 0.5: the bound is lse_tol
     assert not lse_check(small, ref)[0]
     assert lse_check(small, ref, lse_tol=3e-3)[0]
+    assert lse_check(small, ref, floor=3e-3)[0]  # an accepted floor (eager's error, check_kernel with tanh)
+    assert not lse_check(small, ref, floor=2.4e-3)[0]
     for bad in (math.nan, 0.0):
         wrong = ref.clone()
         wrong[3] = bad
         ok, err = lse_check(wrong, ref)
         assert not ok and err == math.inf
+        assert not lse_check(wrong, ref, floor=1.0)[0]
 
 # ------------------------------------------------------------------------------------ evaluator
 
