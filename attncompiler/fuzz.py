@@ -41,7 +41,8 @@ from .spec.spec import AttentionSpec
 __all__ = [
     "FuzzSpec", "random_spec", "random_shape", "random_case", "compile_jobs", "run_case", "MAX_SEQLEN",
     "MAX_HEADS", "SEQLENS", "GPU_HEAD_DIMS", "CPU_HEAD_DIMS", "PRESET_CHOICES", "V3_OPTION_SETS", "v3_options",
-    "accepted_options", "DECODE_MAX_SEQLEN", "DECODE_OPTION_SETS", "random_decode_spec", "random_decode_shape", "decode_options",
+    "accepted_options", "DECODE_MAX_SEQLEN", "DECODE_OPTION_SETS", "random_decode_spec", "random_decode_shape",
+    "decode_options",
 ]
 
 MAX_SEQLEN = 320
@@ -341,10 +342,14 @@ def random_case(seed: int, *, small: bool = False) -> tuple[AttentionSpec, dict[
 
 
 # ----------------------------------------------------------------------------------- GPU runs
+def _option_set(seed: int, tag: str, sets: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    _check_seed(seed)
+    return dict(random.Random(f"attncompiler-fuzz-{tag}:{seed}").choice(sets))
+
+
 def v3_options(seed: int) -> dict[str, Any]:
     """The v3 plan options fuzzed with seed ``seed`` (one of :data:`V3_OPTION_SETS`)."""
-    _check_seed(seed)
-    return dict(random.Random(f"attncompiler-fuzz-v3:{seed}").choice(V3_OPTION_SETS))
+    return _option_set(seed, "v3", V3_OPTION_SETS)
 
 
 def random_decode_spec(seed: int) -> FuzzSpec:
@@ -365,8 +370,19 @@ def random_decode_shape(seed: int) -> dict[str, Any]:
 
 def decode_options(seed: int) -> dict[str, Any]:
     """The decode plan options fuzzed with seed ``seed`` (one of :data:`DECODE_OPTION_SETS`)."""
-    _check_seed(seed)
-    return dict(random.Random(f"attncompiler-fuzz-decode:{seed}").choice(DECODE_OPTION_SETS))
+    return _option_set(seed, "decode", DECODE_OPTION_SETS)
+
+
+def _plan_or_model(sched: Any, ir: Any, target: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(plan, options taken): the plan for ``options``, or the model's plan and {} where the planner refuses them."""
+    from .plan.model import PlanError
+
+    if options:
+        try:
+            return sched.make_plan(ir, target, **options), dict(options)
+        except PlanError:
+            pass
+    return sched.make_plan(ir, target), {}
 
 
 def accepted_options(spec: AttentionSpec, schedule: str, target: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -374,15 +390,10 @@ def accepted_options(spec: AttentionSpec, schedule: str, target: Any, options: d
     plan): a fuzzed option set is a request, and its refusal is tested elsewhere (tests/test_planner.py)."""
     from .codegen.schedule import get_schedule
     from .ir.build import build_ir
-    from .plan.model import PlanError
 
     if not options:
         return {}
-    try:
-        get_schedule(schedule).make_plan(build_ir(spec), target, **options)
-    except PlanError:
-        return {}
-    return dict(options)
+    return _plan_or_model(get_schedule(schedule), build_ir(spec), target, options)[1]
 
 
 def compile_jobs(specs: Any, target: Any, *, schedules: tuple[str, ...] = ("v2",), backward: bool = False,
@@ -404,7 +415,7 @@ def compile_jobs(specs: Any, target: Any, *, schedules: tuple[str, ...] = ("v2",
         ir = build_ir(spec)
         for name in schedules:
             sched = get_schedule(name)
-            plan = sched.make_plan(ir, target, **accepted_options(spec, name, target, o))
+            plan, _ = _plan_or_model(sched, ir, target, o)
             jobs[(sched.render(ir, plan, target).source, target.nvrtc_arch)] = None
         if backward:
             jobs[(bwd_source(ir, target).source, target.nvrtc_arch)] = None

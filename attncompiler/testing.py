@@ -13,7 +13,8 @@ import torch
 
 from .reference import eager_attention, error_ratio_check, reference_attention
 
-__all__ = ["CheckResult", "GradCheckResult", "LSE_ULPS", "check_kernel", "check_kernel_grads", "lse_check", "random_qkv"]
+__all__ = ["CheckResult", "GradCheckResult", "LSE_ULPS", "check_kernel", "check_kernel_grads", "lse_check",
+           "random_qkv"]
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
             precompile_to_disk(jobs, workers=args.workers)
             for s in seeds:
                 shape = fuzz.random_shape(s)
-                runs = [("v2", s in bwd)] + ([("v1", False)] if s in v1 else []) + ([("v3", s in bwd)] if s in v3 else [])
-                runs += [("decode", False)] if s in dec else []
+                runs = [("v2", s in bwd)] + ([("v1", False)] if s in v1 else [])
+                runs += ([("v3", s in bwd)] if s in v3 else []) + ([("decode", False)] if s in dec else [])
                 for schedule, backward in runs:
                     n_cases += 1
                     opts = {"v3": fuzz.v3_options, "decode": fuzz.decode_options}.get(schedule, lambda _: {})(s)
-                    fs, case_shape = (dec[s], fuzz.random_decode_shape(s)) if schedule == "decode" else (specs[s], shape)
+                    fs, case_shape = ((dec[s], fuzz.random_decode_shape(s)) if schedule == "decode"
+                                      else (specs[s], shape))
                     try:
                         ok, msg = fuzz.run_case(fs, case_shape, schedule=schedule, backward=backward, seed=s,
                                                 options=opts)

@@ -41,7 +41,8 @@ def test_stored_output_term_is_the_gradient_of_a_row_term() -> None:
         dout = torch.randn(2, 3, 5, 16, generator=g, dtype=torch.float64)
         keep = (torch.rand(2, 3, 5, nk, generator=g) >= p_drop).double()
         scale = 1 / math.sqrt(16)
-        exact, o = _autograd_with_row_term(q, k, v, dout, keep, p_drop, scale, torch.zeros(2, 3, 5, dtype=torch.float64))
+        zero = torch.zeros(2, 3, 5, dtype=torch.float64)
+        exact, o = _autograd_with_row_term(q, k, v, dout, keep, p_drop, scale, zero)
         o_stored = o.to(torch.bfloat16).double()  # the forward's output as the backward reads it
         delta = (dout * (o_stored - o)).sum(-1)
         shifted, _ = _autograd_with_row_term(q, k, v, dout, keep, p_drop, scale, -delta)
