@@ -245,3 +245,14 @@ def test_nvcc_compiles_fuzzed_specs(seed: int) -> None:
         rep = compile_with_nvcc(src, "sm_90a")
         print(f"fuzz seed {seed} {name}: {rep.registers} regs, spill {rep.spill_stores} B")
         assert rep.registers > 0, f"{name}: {fs}"
+
+
+def test_gpu_fuzz_seeds_reach_every_option_set() -> None:
+    """tests/test_gpu_fuzz.py's fixed seeds (specs 0..59, decode specs 0, 2, .., 58) run every v3 and decode
+    option set on sm_90 after the planner's refusals, so no plan the fuzz names goes untested on the GPU."""
+    tgt = get_target("sm_90")
+    v3 = {str(fuzz.accepted_options(fuzz.random_spec(i).spec, "v3", tgt, fuzz.v3_options(i))) for i in range(60)}
+    assert v3 == {str(o) for o in fuzz.V3_OPTION_SETS}
+    dec = {str(fuzz.accepted_options(fuzz.random_decode_spec(i).spec, "decode", tgt, fuzz.decode_options(i)))
+           for i in range(0, 60, 2)}
+    assert dec == {str(o) for o in fuzz.DECODE_OPTION_SETS}
