@@ -273,6 +273,11 @@ def test_error_ratio_check():
     assert not ok and msg.startswith("FAIL")
     ok, _ = error_ratio_check(eag.double() * 1.02, ref, eag)  # small everywhere, large in Frobenius
     assert not ok
+    zero = torch.zeros(3, 4, dtype=torch.float64)  # dq when every row sees one key: max-abs only
+    ok, msg = error_ratio_check(zero + 1e-6, zero, zero)
+    assert ok and "rel-fro n/a (all-zero reference)" in msg, msg
+    ok, msg = error_ratio_check(zero + 1e-3, zero, zero)
+    assert not ok and "exceeded" in msg, msg
     nan = eag.double().clone()
     nan[0, 0, 0, 0] = math.nan
     assert not error_ratio_check(nan, ref, eag)[0]
