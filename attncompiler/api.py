@@ -42,7 +42,8 @@ class CompiledAttention:
     _buffers: Mapping[str, torch.Tensor] = field(repr=False)
     _loaded: dict[int, LoadedKernel] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    #: plan options of the backward (block_m, num_warps, mtk, split_dkv); None: the planner's choice
+    #: options of the backward: "schedule" ("auto", "v2", "v3") and the chosen backward's plan options (v2: block_m,
+    #: num_warps, mtk, split_dkv, ...; v3: consumers, stages, dq_split_n); None: the automatic choice
     backward_options: dict[str, Any] | None = field(default=None, repr=False)
     _op_id: int = field(default=0, repr=False)
     #: compiled with schedule="auto": calls with Nq <= 16 against a long K/V run the decode schedule
@@ -322,7 +323,8 @@ class CompiledAttention:
         return sib
 
     def backward_source(self, deterministic: bool = False) -> str:
-        """The CUDA of the backward kernels (always the v2 backward, whatever the forward schedule)."""
+        """The CUDA of the backward kernels: v3 on sm_90 where it applies, else v2, whatever the forward schedule
+        (``backward_options["schedule"]`` chooses)."""
         from .runtime.backward import bwd_source
 
         return bwd_source(self.ir, self.target, deterministic=deterministic, options=self.backward_options).source
@@ -375,7 +377,10 @@ def compile(
     when Nq <= 16 and Nk >= 512 (:func:`attncompiler.plan.decode.decode_applies`), the v2 varlen
     kernels for packed sequences (``cu_seqlens_*``), and the v2 kernel for a v3 kernel's inputs
     the TMA copy engine cannot describe (K/V broadcast with ``.expand()``: stride 0); each compiled
-    on first such call.  The backward is always v2's, from the forward's out and lse.
+    on first such call.  The backward runs from the forward's out and lse, whatever schedule ran the forward: on
+    sm_90 the v3 backward (TMA + wgmma) for head dims 64 and 128, elsewhere (other head dims, other GPUs,
+    ``deterministic=True``, packed sequences) the v2 backward; ``kernel.backward_options = {"schedule": "v2"}``
+    (or "v3", or v3's plan options ``consumers``, ``stages``, ``dq_split_n``) chooses.
 
     Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs``, ``stages`` for v2;
     ``block_m`` (64: one consumer warpgroup and two CTAs per SM; 128, 192), ``block_n``, ``stages``,

@@ -1,4 +1,5 @@
-"""Backward and forward+backward TFLOP/s of attncompiler v2 beside torch SDPA (flash = FlashAttention-2, cuDNN).
+"""Backward and forward+backward TFLOP/s of attncompiler's v2 and (sm_90) v3 backward beside torch SDPA
+(flash = FlashAttention-2, cuDNN).
 
     PYTHONPATH=. python3 benchmarks/bench_backward.py [--quick] [--configs] [--check] [--head-dims 64,128] [--causal 0,1]
 
@@ -48,7 +49,7 @@ def _check_configs(args) -> bool:
         for name, opts in (("v2", {}),) + CONFIGS:
             for spec in specs:
                 kern = ac.compile(spec, "v2")
-                kern.backward_options = opts
+                kern.backward_options = {"schedule": "v2", **opts}
                 try:
                     kern.backward_source()
                 except Exception as e:  # infeasible on this head dim
@@ -79,7 +80,7 @@ def _precompile(args, seqlens) -> None:
             jobs.append((sched.render(ir, sched.make_plan(ir, tgt), tgt).source, tgt.nvrtc_arch))
             for _, opts in (("v2", {}),) + CONFIGS:
                 try:
-                    jobs.append((bwd_source(ir, tgt, options=opts).source, tgt.nvrtc_arch))
+                    jobs.append((bwd_source(ir, tgt, options={"schedule": "v2", **opts}).source, tgt.nvrtc_arch))
                 except Exception:
                     pass
     for d in (int(x) for x in args.head_dims.split(",")):
@@ -87,9 +88,9 @@ def _precompile(args, seqlens) -> None:
             ir = build_ir(presets.causal(d) if causal else presets.plain(d))
             sched = get_schedule("v2")
             jobs.append((sched.render(ir, sched.make_plan(ir, tgt), tgt).source, tgt.nvrtc_arch))
-            variants = [({}, False)]
+            variants = [({"schedule": "v2"}, False), ({}, False)]
             if args.configs:
-                variants += [({}, True)] + [(o, False) for _, o in CONFIGS]
+                variants += [({}, True)] + [({"schedule": "v2", **o}, False) for _, o in CONFIGS]
             for opts, det in variants:
                 try:
                     jobs.append((bwd_source(ir, tgt, deterministic=det, options=opts).source, tgt.nvrtc_arch))
@@ -132,11 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                 fwd_flops = 4 * B * H * N * N * d / (2 if causal else 1)
                 spec = presets.causal(d) if causal else presets.plain(d)
                 fns = {"v2": ac.compile(spec, "v2")}
+                fns["v2"].backward_options = {"schedule": "v2"}
+                if torch.cuda.get_device_capability() == (9, 0):
+                    fns["v3"] = ac.compile(spec)  # the forward and the backward "auto" picks: v3 on sm_90
+                    fns["v3"].backward_options = {"schedule": "v3"}
                 if args.configs and N == 16384:
                     fns["v2_det"] = lambda q, k, v, kern=fns["v2"]: kern(q, k, v, deterministic=True)
                     for name, opts in CONFIGS:
                         kern = ac.compile(spec, "v2")
-                        kern.backward_options = opts
+                        kern.backward_options = {"schedule": "v2", **opts}
                         try:
                             kern.backward_source()
                         except Exception as e:  # infeasible on this head dim
@@ -175,15 +180,17 @@ def main(argv: list[str] | None = None) -> int:
                         rec(what=name, d=d, N=N, causal=causal, error=str(e)[:300])
                     torch.cuda.empty_cache()
                 rows.append(dict(summary=True, d=d, N=N, causal=causal, **res))
-    print(f"\n# backward TFLOP/s (fwd+bwd step in brackets), bf16, {dev}; ratio = v2 / peer (backward)")
-    print(f"{'d':>4} {'N':>6} {'causal':>6} {'v2':>12} {'flash':>12} {'cudnn':>12} {'v2/flash':>8} {'v2/cudnn':>8}")
+    print(f"\n# backward TFLOP/s (fwd+bwd step in brackets), bf16, {dev}; ratio = ours / peer (backward)")
+    print(f"{'d':>4} {'N':>6} {'causal':>6} {'v2':>12} {'v3':>12} {'flash':>12} {'cudnn':>12} {'v2/cudnn':>8} "
+          f"{'v3/flash':>8} {'v3/cudnn':>8}")
     for r in rows:
         if not r.get("summary"):
             continue
         g = lambda k: r.get(k, float("nan"))  # noqa: E731
         cell = lambda k: f"{g(k):5.0f} ({g(k + '_step'):4.0f})"  # noqa: E731
-        print(f"{r['d']:>4} {r['N']:>6} {str(r['causal']):>6} {cell('v2'):>12} {cell('sdpa_flash'):>12} "
-              f"{cell('sdpa_cudnn'):>12} {g('v2') / g('sdpa_flash'):>8.2f} {g('v2') / g('sdpa_cudnn'):>8.2f}")
+        print(f"{r['d']:>4} {r['N']:>6} {str(r['causal']):>6} {cell('v2'):>12} {cell('v3'):>12} {cell('sdpa_flash'):>12} "
+              f"{cell('sdpa_cudnn'):>12} {g('v2') / g('sdpa_cudnn'):>8.2f} {g('v3') / g('sdpa_flash'):>8.2f} "
+              f"{g('v3') / g('sdpa_cudnn'):>8.2f}")
         extra = [f"{k}={g(k):.0f}" for k in r if k.startswith("v2_") and not k.endswith("_step")]
         if extra:
             print(f"{'':>19} configs: " + ", ".join(extra))

@@ -1,9 +1,12 @@
-"""Launching the v2 backward kernels (attncompiler/codegen/v2_bwd.py) on torch tensors.
+"""Launching the backward kernels on torch tensors: the v2 backward (attncompiler/codegen/v2_bwd.py,
+mma.sync, every target) or on sm_90 the v3 backward (attncompiler/codegen/v3_bwd.py: TMA + wgmma).
 
 :func:`run_backward` takes what the forward saved (q, k, v, out, lse) and dO (and optionally
-dL/dlse) and returns (dq, dk, dv) in the inputs' dtype.  The backward always uses the v2 kernels,
-whatever schedule ran the forward (a v1 forward stores the same lse).  Rendered sources are cached
-per (IR structure, target, dQ mode, plan options); compiled modules by the NVRTC caches.
+dL/dlse) and returns (dq, dk, dv) in the inputs' dtype, whatever schedule ran the forward (every
+forward stores the same lse).  The backward options' ``schedule`` picks the kernels: "auto" (default:
+v3 where :func:`~attncompiler.plan.v3_bwd.v3_bwd_refusal` allows it, else v2), "v2" or "v3" (an error
+naming the reason where v3 cannot run).  Rendered sources are cached per (IR structure, target, dQ mode,
+plan options); compiled modules by the NVRTC caches.
 """
 from __future__ import annotations
 
@@ -14,35 +17,54 @@ from typing import Any, Mapping
 import torch
 
 from ..codegen.v2_bwd import BwdKernelSource, bwd_grids, make_bwd_plan, nq_padded, render_bwd
+from ..codegen.v3_bwd import V3BwdKernelSource, bwd_maps, render_v3_bwd
 from ..ir.types import AttentionIR
+from ..plan.model import PlanError
 from ..plan.targets import Target
+from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_refusal
 from .compiler import LoadedKernel, compile_functions
 from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
+from .tma import tma_layout_error
 
-__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward"]
+__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward", "BWD_SCHEDULES"]
+
+BWD_SCHEDULES = ("auto", "v2", "v3")
 
 _MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _lock = threading.Lock()
-_sources: dict[tuple, BwdKernelSource] = {}
+_sources: dict[tuple, BwdKernelSource | V3BwdKernelSource] = {}
 _loaded: dict[tuple, dict[str, LoadedKernel]] = {}
 
 
 def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
-               options: Mapping[str, Any] | None = None, varlen: bool = False) -> BwdKernelSource:
-    """The rendered backward translation unit (cached); ``varlen``: the packed-sequence kernels."""
+               options: Mapping[str, Any] | None = None,
+               varlen: bool = False) -> BwdKernelSource | V3BwdKernelSource:
+    """The rendered backward translation unit (cached); ``varlen``: the packed-sequence kernels.  ``options``
+    are the plan options of the chosen backward plus ``schedule`` ("auto", "v2", "v3")."""
     opts = dict(options or {})
     key = (ir.key(), target.name, deterministic, tuple(sorted(opts.items())), bool(varlen))
     with _lock:
         hit = _sources.get(key)
     if hit is None:
-        hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
+        schedule = opts.pop("schedule", "auto")
+        if schedule not in BWD_SCHEDULES:
+            raise PlanError(f"backward schedule: expected one of {BWD_SCHEDULES}, got {schedule!r}")
+        refusal = v3_bwd_refusal(ir, target, deterministic=deterministic, varlen=varlen)
+        if schedule == "v3" and refusal is not None:
+            raise PlanError(refusal)
+        if schedule == "auto" and refusal is None and not set(opts) <= set(V3_BWD_OPTIONS):
+            refusal = f"plan options {sorted(set(opts) - set(V3_BWD_OPTIONS))} are the v2 backward's"
+        if schedule == "v3" or (schedule == "auto" and refusal is None):
+            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, **opts), target)
+        else:
+            hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
         with _lock:
             hit = _sources.setdefault(key, hit)
     return hit
 
 
-def load_bwd(src: BwdKernelSource, device: int) -> dict[str, LoadedKernel]:
+def load_bwd(src: BwdKernelSource | V3BwdKernelSource, device: int) -> dict[str, LoadedKernel]:
     """Compile (or fetch) and load every kernel of ``src`` on ``device``."""
     key = (id(src), device)
     with _lock:
@@ -128,12 +150,22 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     if dims.Nq == 0 or dims.Nk == 0 or dims.B * dims.H == 0:
         return _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).zero_(), dk.zero_(), dv.zero_()
     src = bwd_source(ir, target, deterministic=deterministic, options=options)
+    if isinstance(src, V3BwdKernelSource):
+        # TMA describes each tensor by its strides; where it cannot (e.g. heads broadcast by .expand()), the
+        # automatic choice takes the v2 backward, an explicit schedule="v3" says why not
+        bad = next((e for e in (tma_layout_error(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("dout", dout)))
+                    if e is not None), None)
+        if bad is not None:
+            if (options or {}).get("schedule") == "v3":
+                raise InputError(f"backward schedule v3: {bad}")
+            src = bwd_source(ir, target, deterministic=deterministic, options={**(options or {}), "schedule": "v2"})
     plan = src.plan
     dev_idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     fns = load_bwd(src, dev_idx)
     if poison:
         dk.fill_(fill)
         dv.fill_(fill)
+    v3 = isinstance(src, V3BwdKernelSource)
     atomic = plan.dq_mode == "atomic"
     if atomic:
         dq_accum = torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=q.device, dtype=torch.float32)
@@ -143,7 +175,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
         dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype)
         if poison:
             dq.fill_(fill)
-    nq_pad = nq_padded(plan, dims.Nq)
+    nq_pad = src.nq_padded(dims.Nq) if v3 else nq_padded(plan, dims.Nq)  # type: ignore[union-attr, arg-type]
     ws = torch.empty(2, dims.B * dims.H * nq_pad, device=q.device, dtype=torch.float32)
     if poison:
         ws.fill_(fill)
@@ -151,10 +183,11 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     P, Bf = pack_params(q, k, v, out, lse, None, dims, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,
                         ir=ir, buffers=bufs)
     bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad)
-    grids = bwd_grids(plan, dims)
+    grids = src.grids(dims) if v3 else bwd_grids(plan, dims)  # type: ignore[union-attr, arg-type]
+    maps = bwd_maps(P, bp, dims, plan.dtype, plan.block_n, plan.block_m) if v3 else None
     with torch.cuda.device(q.device):
         for e in src.entries:
-            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf)
+            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
             launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
     if atomic:
         dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).copy_(dq_accum)  # type: ignore[arg-type]

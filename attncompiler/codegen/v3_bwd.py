@@ -1,0 +1,96 @@
+"""The v3 backward: render of ``templates/v3_bwd.cu.j2`` (Hopper: TMA + wgmma) and its launch geometry.
+
+One translation unit, two kernels:
+
+* ``attn_bwd_pre`` -- lse2 and dsum = rowsum(dO * O) - dlse per query row (the v2 backward's kernel)
+* ``attn_bwd_kv``  -- dK, dV and dQ (fp32 reds into the accumulator), grid over key blocks; its fourth
+  by-value argument is ``struct V3BwdMaps`` (TMA maps of q, k, v and dO: :func:`bwd_maps`)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir.types import AttentionIR
+from ..plan.targets import Target
+from ..plan.v3_bwd import V3BwdPlan
+from ..runtime.launch import AttnInputs
+from ..runtime.params import BWD_PARAM_FIELDS, c_struct
+from .hooks import render_prelude
+from .render import render_source
+from .v3 import PTX_TYPES
+
+__all__ = ["V3BwdKernelSource", "render_v3_bwd", "bwd_maps", "TEMPLATE"]
+
+TEMPLATE = "v3_bwd.cu.j2"
+
+
+@dataclass(frozen=True)
+class V3BwdKernelSource:
+    """A rendered v3 backward translation unit and what is needed to launch its kernels."""
+
+    arch: str
+    source: str
+    plan: V3BwdPlan
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """Kernel names in launch order."""
+        return ("attn_bwd_pre", "attn_bwd_kv")
+
+    def threads(self, entry: str) -> int:
+        return self.plan.pre_warps * 32 if entry == "attn_bwd_pre" else self.plan.num_threads
+
+    def smem(self, entry: str) -> int:
+        return 0 if entry == "attn_bwd_pre" else self.plan.smem_bytes
+
+    def nq_padded(self, nq: int) -> int:
+        """Rows of the lse2 / dsum workspace per (b, h): whole 64-row query blocks (the bulk row copies)."""
+        return -(-nq // self.plan.block_m) * self.plan.block_m
+
+    def grids(self, dims: AttnInputs) -> dict[str, tuple[int, int, int]]:
+        rows = self.plan.pre_warps * self.plan.pre_rows
+        return {
+            "attn_bwd_pre": (-(-self.nq_padded(dims.Nq) // rows), dims.B * dims.H, 1),
+            "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.B * dims.H_kv, 1),
+        }
+
+
+def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target) -> V3BwdKernelSource:
+    """CUDA source of the v3 backward kernels of ``ir`` under ``plan`` (sm_90a)."""
+    src = render_source(
+        TEMPLATE,
+        name=ir.name,
+        prelude=render_prelude(ir, backward=True),
+        bwd_params=c_struct("AttnBwdParams", BWD_PARAM_FIELDS),
+        plan_text=plan.describe(),
+        ptx_type=PTX_TYPES[ir.dtype],
+        head_dim=ir.head_dim,
+        head_dim_v=ir.head_dim_v,
+        block_m=plan.block_m,
+        block_n=plan.block_n,
+        consumers=plan.consumers,
+        stages=plan.stages,
+        producer_regs=plan.producer_regs,
+        consumer_regs=plan.consumer_regs,
+        dq_split_n=plan.dq_split_n,
+        pre_warps=plan.pre_warps,
+        pre_rows=plan.pre_rows,
+        smem_bytes=plan.smem_bytes,
+    )
+    # wgmma and setmaxnreg exist only on the arch-specific target
+    return V3BwdKernelSource("sm_90a", src, plan)
+
+
+def bwd_maps(params: Any, bwd_params: Any, dims: AttnInputs, dtype: str, block_n: int, block_m: int) -> Any:
+    """``struct V3BwdMaps``: q and dO in boxes of ``block_m`` rows, k and v in boxes of ``block_n`` rows, from the
+    packed pointers and element strides."""
+    from ..runtime.tma import maps_struct
+
+    P, bp = params, bwd_params
+    return maps_struct((
+        ("q", P.q, (dims.B, dims.H, dims.Nq, dims.D), (P.q_sb, P.q_sh, P.q_sn), dtype, block_m),
+        ("k", P.k, (dims.B, dims.H_kv, dims.Nk, dims.D), (P.k_sb, P.k_sh, P.k_sn), dtype, block_n),
+        ("v", P.v, (dims.B, dims.H_kv, dims.Nk, dims.DV), (P.v_sb, P.v_sh, P.v_sn), dtype, block_n),
+        ("dout", bp.dout, (dims.B, dims.H, dims.Nq, dims.DV), (bp.do_sb, bp.do_sh, bp.do_sn), dtype, block_m),
+    ))

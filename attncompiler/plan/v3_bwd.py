@@ -1,0 +1,161 @@
+"""v3 backward planning: the Hopper dK/dV/dQ kernel (``templates/include/attncompiler/v3_bwd.cuh``).
+
+Facts of the kernel as module constants:
+
+* A CTA is one producer warpgroup (TMA copies) and ``consumers`` consumer warpgroups of 64 keys each
+  (wgmma's M), so BLOCK_N = 64 * consumers keys per CTA; every step takes BLOCK_M = 64 query rows (the
+  N of S^T / dP^T, the K of dV / dK, the M of dQ, one 128-byte row of the dS^T tile).
+* Head dims are whole 64-column TMA boxes (128 bytes, the 128-byte swizzle's row) and at most 128: each
+  consumer thread keeps D/2 + DV/2 fp32 of dK and dV in registers for the whole walk.
+* Registers per consumer thread: dK + dV, then either S^T + dP^T (32 + 32 fp32 while the elementwise
+  code runs) or the P^T / dS^T fragments (2 * 16 registers) + the dQ accumulator (DQ_N/2 fp32), plus
+  :data:`REG_OVERHEAD`; it must fit :data:`CONSUMER_REGS` (setmaxnreg; 24 for the producer).
+* Shared memory: K and V of the CTA, ``stages`` x (Q, dO) tiles, two dS^T tiles (BLOCK_N x 64, double
+  buffered), ``stages`` x (lse2, dsum) rows, mbarriers, and 1024 bytes of alignment slack.
+* dQ: ``dq_split_n`` -- warpgroup w multiplies dS (all BLOCK_N keys) by its D/consumers columns of K
+  (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
+  (``consumers`` reds per element).  Both add into the fp32 accumulator the v2 backward's atomic mode
+  uses, so the v3 backward is never deterministic (``deterministic=True`` runs the v2 backward).
+
+Pure Python: every rejection names the limit and the numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .model import Plan, PlanError, resolve_dims, resolve_target
+from .targets import Target
+from .v2_bwd import PRE_ROWS, PRE_WARPS
+
+__all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "v3_bwd_register_estimate", "v3_bwd_refusal",
+           "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD", "STAGES", "V3_BWD_OPTIONS"]
+
+BLOCK_M = 64           # query rows per step (see the module docstring)
+WGMMA_M = 64           # keys per consumer warpgroup
+BOX_COLS = 64          # 64 x 2 bytes: one TMA box row of the 128-byte swizzle
+MAX_HEAD_DIM = 128     # dK and dV stay in registers
+CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
+STAGES = (2, 3, 4)     # Q / dO stages, preferred first (2 measured enough: the walk is GEMM-bound)
+PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
+CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
+REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
+V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n")  # plan_v3_bwd's keyword options
+SMEM_LIMIT_SM90 = 232448  # 227 KB per block (opt-in) on sm_90
+ALIGN_SLACK = 1024     # the dynamic shared memory base is only 16-byte aligned; tiles need 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class V3BwdPlan(Plan):
+    """The v3 backward plan: Plan's fields (block_m = 64 query rows per step, block_n = keys per CTA)."""
+
+    consumers: int
+    stages: int
+    producer_regs: int
+    consumer_regs: int
+    dq_split_n: bool
+    pre_warps: int = PRE_WARPS
+    pre_rows: int = PRE_ROWS
+    dq_mode: str = "atomic"
+
+    def _config_lines(self) -> list[str]:
+        lines = super()._config_lines()
+        lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({self.consumers} consumer warpgroups of "
+                    f"64) x BLOCK_M={self.block_m} query rows per step, {self.stages} Q/dO stages; "
+                    f"{self.num_threads} threads")
+        lines.append(f"  dQ: fp32 reds, " + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
+                                              if self.dq_split_n else "keys split over the warpgroups (all columns)"))
+        return lines
+
+
+def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int) -> int:
+    """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes)."""
+    bn = WGMMA_M * consumers
+    db, dvb = -(-d // BOX_COLS), -(-dv // BOX_COLS)
+    kv = bn * (db + dvb) * 128
+    stage = BLOCK_M * (db + dvb) * 128
+    ds = 2 * bn * 128
+    rows = stages * 2 * BLOCK_M * 4
+    bars = 8 * (1 + 2 * stages)
+    return ALIGN_SLACK + kv + stages * stage + ds + rows + bars
+
+
+def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool) -> dict[str, int]:
+    """Registers per consumer thread (a ranking model, not ptxas): the peak of the elementwise phase and of
+    the GEMM phase on top of dK and dV."""
+    dq_n = d // consumers if dq_split_n else d
+    kv = d // 2 + dv // 2
+    elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
+    gemm = 2 * (BLOCK_M // 16) * 4 + dq_n // 2    # P^T and dS^T A fragments + the dQ accumulator
+    return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
+            "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
+
+
+def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
+                   varlen: bool = False) -> str | None:
+    """Why the v3 backward cannot run this problem (the v2 backward then does), or None."""
+    t = resolve_target(target)
+    if (t.major, t.minor) != (9, 0):
+        return f"v3 backward needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only)"
+    dims = resolve_dims(ir_or_dims)
+    for label, x in (("D", dims.head_dim), ("DV", dims.head_dim_v)):
+        if x % BOX_COLS or x > MAX_HEAD_DIM:
+            return (f"v3 backward: expected {label} a multiple of {BOX_COLS} and <= {MAX_HEAD_DIM} (whole 128-byte "
+                    f"TMA boxes, dK/dV in registers), got {x}")
+    if deterministic:
+        return "v3 backward adds dQ with fp32 reds; deterministic=True needs the v2 backward's separate dQ pass"
+    if varlen:
+        return "v3 backward: packed sequences (cu_seqlens) run the v2 backward"
+    return None
+
+
+def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,
+                stages: int | None = None, dq_split_n: bool | None = None) -> V3BwdPlan:
+    """The v3 backward plan (forced values override the search); PlanError with every rejection's reason."""
+    t = resolve_target(target)
+    why_not = v3_bwd_refusal(ir_or_dims, t)
+    if why_not is not None:
+        raise PlanError(why_not)
+    dims = resolve_dims(ir_or_dims)
+    d, dv = dims.head_dim, dims.head_dim_v
+    if consumers is not None and consumers not in CONSUMERS:
+        raise PlanError(f"v3 backward: expected consumers in {CONSUMERS}, got {consumers!r}")
+    if stages is not None and stages not in STAGES:
+        raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
+    limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
+    rejected: list[str] = []
+    for nc in ((consumers,) if consumers is not None else CONSUMERS):
+        split_options = (dq_split_n,) if dq_split_n is not None else (True, False)
+        for split in split_options:
+            if split and d % (BOX_COLS * nc):
+                rejected.append(f"consumers={nc}, dq_split_n: D={d} does not split into {nc} whole 64-column boxes")
+                continue
+            regs = v3_bwd_register_estimate(d, dv, nc, split)
+            if regs["total"] > CONSUMER_REGS[nc]:
+                rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "
+                                f"{CONSUMER_REGS[nc]} (setmaxnreg of the consumers)")
+                continue
+            for st in ((stages,) if stages is not None else STAGES):
+                smem = v3_bwd_smem_bytes(d, dv, nc, st)
+                if smem > limit:
+                    rejected.append(f"consumers={nc}, stages={st}: smem {smem} B > {limit} B limit")
+                    continue
+                reasons = (
+                    f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
+                    f"BLOCK_N = 64 x {nc} consumer warpgroups = {64 * nc} keys per CTA (wgmma M = 64 keys each); "
+                    f"BLOCK_M = {BLOCK_M} query rows per step",
+                    f"registers ~ dK+dV {regs['dk_dv']} + max(S^T+dP^T {regs['elementwise']}, fragments+dQ "
+                    f"{regs['gemm']}) + overhead {REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[nc]}",
+                    f"smem = 1024 + K,V {64 * nc}x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T tiles + rows "
+                    f"= {smem} B",
+                    "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
+                             f"split by keys: {nc} fp32 reds per element per step"),
+                    *(f"rejected {r}" for r in rejected),
+                )
+                return V3BwdPlan(
+                    schedule="v3_bwd", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=BLOCK_M,
+                    block_n=64 * nc, num_warps=4 * (nc + 1), num_threads=128 * (nc + 1), smem_bytes=smem,
+                    est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=nc, stages=st,
+                    producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split,
+                )
+    raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}): " + "; ".join(rejected))

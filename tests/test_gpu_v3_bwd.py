@@ -1,0 +1,171 @@
+"""GPU: the Hopper (v3) backward -- its plan options, its fallbacks, and the v2 backward it replaces on Hopper.
+
+On an H100 / H200 ``kern(q, k, v).backward(...)`` runs the v3 backward for head dims 64 and 128 (every
+preset and example of ``test_gpu_backward.py`` then goes through it); these tests add what only v3 has
+and keep the v2 backward checked on Hopper, where the automatic choice no longer runs it.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.plan.model import PlanError
+from attncompiler.runtime.launch import InputError
+from attncompiler.spec import presets
+from attncompiler.testing import check_kernel_grads
+
+pytestmark = pytest.mark.gpu
+
+H = 3
+PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document", "dropout")
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the v3 backward needs an sm_90 GPU")
+
+
+def _spec(name: str, d: int, dtype: str = "bf16", seqlen: int = 1023) -> ac.AttentionSpec:
+    if name == "dropout":
+        return ac.AttentionSpec(head_dim=d, dtype=dtype, dropout_p=0.2, name="dropout")
+    return presets.get_preset(name, head_dim=d, dtype=dtype, num_heads=H, seqlen=seqlen)
+
+
+def _kernel(spec: ac.AttentionSpec, **backward_options):
+    kern = ac.compile(spec)
+    kern.backward_options = dict(backward_options)  # this object only: ac.compile returns a new one per call
+    return kern
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile():
+    """Every backward source these tests use, compiled in parallel processes into the disk cache."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    from attncompiler.ir.build import build_ir
+    from attncompiler.plan.targets import detect_target
+    from attncompiler.runtime.backward import bwd_source
+    from attncompiler.runtime.compiler import precompile_to_disk
+
+    tgt = detect_target()
+    jobs = []
+    for name in PRESET_NAMES:
+        for d in (64, 128):
+            ir = build_ir(_spec(name, d))
+            for opts in ({"schedule": "v2"}, {}):
+                jobs.append((bwd_source(ir, tgt, options=opts).source, tgt.nvrtc_arch))
+    for opts in _OPTION_SETS:
+        for d in (64, 128):
+            for name in ("causal", "document"):
+                try:
+                    jobs.append((bwd_source(build_ir(_spec(name, d)), tgt, options=opts).source, tgt.nvrtc_arch))
+                except PlanError:
+                    pass
+    precompile_to_disk(jobs, workers=min(16, os.cpu_count() or 1))
+    yield
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v2_backward_still_correct_on_hopper(name, head_dim):
+    kern = _kernel(_spec(name, head_dim), schedule="v2")
+    assert "schedule v2 backward" in kern.backward_source()
+    for n in (113, 1023):
+        assert (r := check_kernel_grads(kern, 2, H, n)).ok, f"v2 {name} d={head_dim}: {r}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_auto_backward_is_v3_on_hopper(head_dim):
+    src = ac.compile(presets.causal(head_dim)).backward_source()
+    assert "schedule v3 backward" in src and "wgmma.mma_async" in src
+    # deterministic dQ and head dims v3 cannot tile stay on v2
+    assert "schedule v2 backward" in ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
+    assert "schedule v2 backward" in ac.compile(presets.causal(96)).backward_source()
+
+
+_OPTION_SETS = ({"consumers": 1}, {"stages": 3}, {"consumers": 1, "stages": 4}, {"dq_split_n": False},
+                {"schedule": "v3", "stages": 4})
+
+
+@needs_hopper
+@pytest.mark.parametrize("opts", _OPTION_SETS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_v3_plan_options(opts):
+    ran = 0
+    for d in (64, 128):
+        for name in ("causal", "document"):
+            kern = _kernel(_spec(name, d), **opts)
+            try:
+                kern.backward_source()
+            except PlanError as e:  # e.g. dq_split_n=False at d = 128 (registers), 4 stages at d = 128 (smem)
+                assert "registers" in str(e) or "smem" in str(e), str(e)
+                continue
+            ran += 1
+            for nq, nk in ((113, 113), (1023, 1023), (300, 77)):
+                assert (r := check_kernel_grads(kern, 2, H, nq, nk)).ok, f"{opts} {name} d={d}: {r}"
+    assert ran >= 2
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v3_gqa_layout_cross_lengths_lse_grad(head_dim):
+    kern = _kernel(presets.causal(head_dim), schedule="v3")
+    assert (r := check_kernel_grads(kern, 2, 4, 300, H_kv=2)).ok, str(r)
+    assert (r := check_kernel_grads(kern, 2, 3, 300, layout="bnhd")).ok, str(r)
+    assert (r := check_kernel_grads(kern, 2, 3, 257, use_lse=True)).ok, str(r)
+    for nq, nk in ((113, 1023), (1023, 113), (64, 128), (1, 5000)):
+        assert (r := check_kernel_grads(kern, 2, 3, nq, nk)).ok, str(r)
+    plain = _kernel(presets.plain(head_dim), schedule="v3")
+    assert (r := check_kernel_grads(plain, 1, 2, 4096, H_kv=1)).ok, str(r)
+
+
+@needs_hopper
+def test_v3_fully_masked_rows_get_zero_grads():
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= 64) & (kv_idx <= q_idx)
+
+    kern = _kernel(ac.AttentionSpec(head_dim=128, mask_mod=mask, name="late_rows"), schedule="v3")
+    q, k, v = (torch.randn(1, 2, 200, 128, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    out = kern(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert (dq[:, :, :64] == 0).all()
+    assert (r := check_kernel_grads(kern, 2, 2, 200)).ok, str(r)
+
+
+@needs_hopper
+def test_v3_backward_strides_tma_cannot_describe():
+    """K/V heads broadcast with .expand() (stride 0): the automatic choice runs the v2 backward, an explicit
+    schedule="v3" says why it cannot."""
+    spec = presets.causal(64)
+    q = torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k0, v0 = (torch.randn(1, 1, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    grads = {}
+    for opts in ({}, {"schedule": "v2"}):
+        kern = _kernel(spec, **opts)
+        out = kern(q, k0.expand(1, 4, 256, 64), v0.expand(1, 4, 256, 64))
+        grads[bool(opts)] = torch.autograd.grad(out, (q, k0, v0), torch.ones_like(out))
+    for a, b in zip(grads[False], grads[True]):
+        assert torch.equal(a, b)
+    kern = _kernel(spec, schedule="v3")
+    out = kern(q, k0.expand(1, 4, 256, 64), v0.expand(1, 4, 256, 64))
+    with pytest.raises(InputError, match="stride"):
+        torch.autograd.grad(out, (q, k0, v0), torch.ones_like(out))
+
+
+@needs_hopper
+def test_v3_backward_refusals_name_the_reason():
+    kern = _kernel(presets.causal(96), schedule="v3")
+    with pytest.raises(PlanError, match="multiple of 64"):
+        kern.backward_source()
+    with pytest.raises(PlanError, match="deterministic"):
+        _kernel(presets.causal(128), schedule="v3").backward_source(deterministic=True)
+    with pytest.raises(PlanError, match="expected one of"):
+        _kernel(presets.causal(128), schedule="v4").backward_source()
