@@ -29,12 +29,14 @@ SM90 = get_target("sm_90")
 def test_plan_d128_splits_dq_by_columns():
     p = plan_v3_bwd(ProblemDims(128), SM90)
     assert (p.block_m, p.block_n, p.consumers, p.stages, p.dq_split_n) == (64, 128, 2, 2, True)
+    assert (p.dq_red, p.dq_defer) == (1, True)
     assert p.num_threads == 384 and p.consumer_regs == 240 and p.producer_regs == 24
-    # 1024 slack + K, V 2 x 128 x 256 B + 2 stages x 2 x 64 x 256 B + 2 dS^T x 128 x 128 B + rows + 5 barriers
-    assert p.smem_bytes == 1024 + 65536 + 65536 + 32768 + 2 * 512 + 40 == v3_bwd_smem_bytes(128, 128, 2, 2)
+    # 1024 slack + K, V 2 x 128 x 256 B + 2 stages x 2 x 64 x 256 B + 2 dS^T x 128 x 128 B + rows
+    # + staged dQ 8 warps x 16 rows x (64 + 4) fp32 + 5 barriers
+    assert p.smem_bytes == 1024 + 65536 + 65536 + 32768 + 2 * 512 + 34816 + 40 == v3_bwd_smem_bytes(128, 128, 2, 2)
     assert p.est_registers_per_thread == v3_bwd_register_estimate(128, 128, 2, True)["total"] <= 240
     text = p.describe()
-    assert "BLOCK_N=128" in text and "columns split" in text and "165928" in text
+    assert "BLOCK_N=128" in text and "columns split" in text and "200744" in text
 
 
 def test_plan_d64_splits_dq_by_keys_and_says_why():
@@ -48,8 +50,9 @@ def test_plan_d64_splits_dq_by_keys_and_says_why():
 
 
 def test_plan_rejections_carry_numbers():
-    with pytest.raises(PlanError, match=r"registers ~264 > 240"):
-        plan_v3_bwd(ProblemDims(128), SM90, dq_split_n=False)
+    k_split = plan_v3_bwd(ProblemDims(128), SM90, dq_split_n=False)  # dQ in two 64-column chunks: 232 registers
+    assert (k_split.dq_split_n, k_split.est_registers_per_thread) == (False, 232)
+    assert plan_v3_bwd(ProblemDims(128), SM90, consumers=1).block_n == 64
     with pytest.raises(PlanError, match="multiple of 64 and <= 128.*got 96"):
         plan_v3_bwd(ProblemDims(96), SM90)
     with pytest.raises(PlanError, match="got 256"):
@@ -60,9 +63,12 @@ def test_plan_rejections_carry_numbers():
         plan_v3_bwd(ProblemDims(128), SM90, consumers=3)
     with pytest.raises(PlanError, match="expected stages"):
         plan_v3_bwd(ProblemDims(128), SM90, stages=5)
-    assert plan_v3_bwd(ProblemDims(128), SM90, stages=3).smem_bytes == v3_bwd_smem_bytes(128, 128, 2, 3) <= 232448
-    with pytest.raises(PlanError, match=r"stages=4: smem 232520 B > 232448 B limit"):
-        plan_v3_bwd(ProblemDims(128), SM90, stages=4)
+    with pytest.raises(PlanError, match=r"stages=3: smem 234040 B > 232448 B limit"):
+        plan_v3_bwd(ProblemDims(128), SM90, consumers=2, stages=3)
+    three = plan_v3_bwd(ProblemDims(128), SM90, consumers=2, stages=3, dq_red=0)  # no dQ staging area
+    assert three.smem_bytes == v3_bwd_smem_bytes(128, 128, 2, 3, dq_red=0) == 199224
+    with pytest.raises(PlanError, match=r"expected dq_red in \(0, 1, 2\), got 3"):
+        plan_v3_bwd(ProblemDims(128), SM90, dq_red=3)
     assert plan_v3_bwd(ProblemDims(64), SM90, stages=4).stages == 4
     assert CONSUMER_REGS[2] * 256 + 24 * 128 <= 65536 and CONSUMER_REGS[1] * 128 + 24 * 128 <= 65536
 
@@ -133,9 +139,9 @@ def test_render_every_variant(head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_nvcc_compiles_every_variant_without_spills(head_dim):
     jobs = {name: _render(spec).source for name, spec in _all_specs(head_dim).items()}
-    if head_dim == 64:  # (one consumer at d = 128: registers ~264 > 256)
-        jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
+    jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
     jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
+    jobs["causal dq_split_n=False"] = _render(presets.causal(head_dim), dq_split_n=False).source
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
     for name, rep in reports.items():

@@ -74,6 +74,8 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target) -> V3BwdKern
         producer_regs=plan.producer_regs,
         consumer_regs=plan.consumer_regs,
         dq_split_n=plan.dq_split_n,
+        dq_red=plan.dq_red,
+        dq_defer=plan.dq_defer,
         pre_warps=plan.pre_warps,
         pre_rows=plan.pre_rows,
         smem_bytes=plan.smem_bytes,

@@ -34,13 +34,15 @@ __all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "v3_bwd_register_est
 BLOCK_M = 64           # query rows per step (see the module docstring)
 WGMMA_M = 64           # keys per consumer warpgroup
 BOX_COLS = 64          # 64 x 2 bytes: one TMA box row of the 128-byte swizzle
+DQ_CHUNK = 64          # dQ columns per wgmma (one box of K): one 32-fp32 accumulator live at a time
 MAX_HEAD_DIM = 128     # dK and dV stay in registers
 CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
 STAGES = (2, 3, 4)     # Q / dO stages, preferred first (2 measured enough: the walk is GEMM-bound)
 PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
-V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n")  # plan_v3_bwd's keyword options
+V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer")
+DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + bulk reductions  # plan_v3_bwd's keyword options
 SMEM_LIMIT_SM90 = 232448  # 227 KB per block (opt-in) on sm_90
 ALIGN_SLACK = 1024     # the dynamic shared memory base is only 16-byte aligned; tiles need 1024
 
@@ -54,6 +56,8 @@ class V3BwdPlan(Plan):
     producer_regs: int
     consumer_regs: int
     dq_split_n: bool
+    dq_red: int = 1
+    dq_defer: bool = True
     pre_warps: int = PRE_WARPS
     pre_rows: int = PRE_ROWS
     dq_mode: str = "atomic"
@@ -68,7 +72,7 @@ class V3BwdPlan(Plan):
         return lines
 
 
-def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int) -> int:
+def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int = 1, dq_split_n: bool = True) -> int:
     """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes)."""
     bn = WGMMA_M * consumers
     db, dvb = -(-d // BOX_COLS), -(-dv // BOX_COLS)
@@ -77,16 +81,18 @@ def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int) -> int:
     ds = 2 * bn * 128
     rows = stages * 2 * BLOCK_M * 4
     bars = 8 * (1 + 2 * stages)
-    return ALIGN_SLACK + kv + stages * stage + ds + rows + bars
+    dq_chunk = min(d // consumers if dq_split_n else d, DQ_CHUNK)
+    staging = consumers * 4 * 16 * (dq_chunk + 4) * 4 if dq_red else 0  # 16 dQ rows per consumer warp
+    return ALIGN_SLACK + kv + stages * stage + ds + rows + staging + bars
 
 
 def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool) -> dict[str, int]:
     """Registers per consumer thread (a ranking model, not ptxas): the peak of the elementwise phase and of
     the GEMM phase on top of dK and dV."""
-    dq_n = d // consumers if dq_split_n else d
+    dq_chunk = min(d // consumers if dq_split_n else d, DQ_CHUNK)
     kv = d // 2 + dv // 2
     elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
-    gemm = 2 * (BLOCK_M // 16) * 4 + dq_n // 2    # P^T and dS^T A fragments + the dQ accumulator
+    gemm = 2 * (BLOCK_M // 16) * 4 + dq_chunk // 2  # P^T and dS^T A fragments + one dQ chunk's accumulator
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
             "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
 
@@ -110,7 +116,8 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
 
 
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,
-                stages: int | None = None, dq_split_n: bool | None = None) -> V3BwdPlan:
+                stages: int | None = None, dq_split_n: bool | None = None, dq_red: int = 1,
+                dq_defer: bool = True) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason."""
     t = resolve_target(target)
     why_not = v3_bwd_refusal(ir_or_dims, t)
@@ -120,6 +127,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     d, dv = dims.head_dim, dims.head_dim_v
     if consumers is not None and consumers not in CONSUMERS:
         raise PlanError(f"v3 backward: expected consumers in {CONSUMERS}, got {consumers!r}")
+    if dq_red not in DQ_REDS:
+        raise PlanError(f"v3 backward: expected dq_red in {DQ_REDS}, got {dq_red!r}")
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
     limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
@@ -136,7 +145,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                                 f"{CONSUMER_REGS[nc]} (setmaxnreg of the consumers)")
                 continue
             for st in ((stages,) if stages is not None else STAGES):
-                smem = v3_bwd_smem_bytes(d, dv, nc, st)
+                smem = v3_bwd_smem_bytes(d, dv, nc, st, dq_red, split)
                 if smem > limit:
                     rejected.append(f"consumers={nc}, stages={st}: smem {smem} B > {limit} B limit")
                     continue
@@ -156,6 +165,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     schedule="v3_bwd", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=BLOCK_M,
                     block_n=64 * nc, num_warps=4 * (nc + 1), num_threads=128 * (nc + 1), smem_bytes=smem,
                     est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=nc, stages=st,
-                    producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split,
+                    producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split, dq_red=dq_red,
+                    dq_defer=bool(dq_defer),
                 )
     raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}): " + "; ".join(rejected))

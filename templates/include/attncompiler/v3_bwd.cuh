@@ -15,10 +15,12 @@
 //       dV  += (z P^T) dO     (A = registers, B = dO MN-major: the query rows are wgmma's K) m64 nDV
 //       dK  += dS^T Q         (A = registers, B = Q MN-major)                               m64 nD
 //       dS^T -> shared memory ([key][query], 128-byte rows, swizzled) for
-//       dQ   = dS K           (A = dS^T MN-major, B = K MN-major), added into the fp32 accumulator with
-//                             8-byte reds. DQ_SPLIT_N: warpgroup w takes columns [w D/NC, (w+1) D/NC) over
-//                             all BLOCK_N keys (both warpgroups' dS^T: a barrier of the consumers);
-//                             otherwise over its own 64 keys and all D columns (its own dS^T).
+//       dQ   = dS K           (A = dS^T MN-major, B = K MN-major), in chunks of at most 64 columns, each
+//                             added into the fp32 accumulator with 8-byte reds. DQ_SPLIT_N: warpgroup w
+//                             takes columns [w D/NC, (w+1) D/NC) over all BLOCK_N keys (both warpgroups'
+//                             dS^T: a barrier of the consumers, which runs them in step); otherwise all D
+//                             columns over its own 64 keys (its own dS^T: no barrier between warpgroups,
+//                             twice the reds).
 //     The wgmma C layout of one warp (16 rows x n8 tiles, thread (g, t) at rows g / g + 8, columns 2t, 2t+1)
 //     is mma.sync's m16n8, so the v2 backward's elementwise code runs on the accumulators unchanged, and
 //     the C layout of two adjacent n8 tiles is the A layout of one k16 step (as the forward's P).
@@ -26,7 +28,8 @@
 // Shared memory (from a 1024-byte aligned base; every tile is made of 64-column boxes of rows x 128 bytes):
 //   K (DB boxes of BLOCK_N rows) | V (DVB boxes) | STAGES x [Q (DB boxes of 64 rows) | dO (DVB boxes)] |
 //   dS^T x 2 (BLOCK_N rows x 128 bytes, double-buffered: the dQ GEMM of step i reads one while step i + 1
-//   writes the other) | STAGES x [lse2 (64 fp32) | dsum (64 fp32)] | mbarriers: KV, full[STAGES], empty[STAGES]
+//   writes the other) | STAGES x [lse2 (64 fp32) | dsum (64 fp32)] | DQ_RED > 0: 16 x (DQ_CHUNK + 4) fp32 per
+//   consumer warp (its staged dQ rows) | mbarriers: KV, full[STAGES], empty[STAGES]
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBwdParams, AttnBuffers, Variant (with
 // score_mod_grad); v3_sm90.cuh, mma.cuh, mma_bwd.cuh, v2_bwd.cuh (bwd_tile_elementwise); the wgmma wrappers
@@ -61,13 +64,18 @@ struct V3BwdLayout {
   static constexpr int kStageOffset = kKBytes + kVBytes;
   static constexpr int kDSOffset = kStageOffset + STAGES * kStageBytes;
   static constexpr int kRowsOffset = kDSOffset + 2 * kDSBytes;
-  static constexpr int kBarOffset = kRowsOffset + STAGES * 2 * kRowBytes;
-  static constexpr int kNumBars = 1 + 2 * STAGES;
-  static constexpr int kAlignSlack = 1024;  // dynamic shared memory is only 16-byte aligned
-  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
+  static constexpr int kDqStageOffset = kRowsOffset + STAGES * 2 * kRowBytes;
   static constexpr bool kSplitN = Cfg::DQ_SPLIT_N;
   static constexpr int DQ_N = kSplitN ? D / NC : D;  // dQ columns per warpgroup
   static constexpr int DQ_K = kSplitN ? BN : 64;     // keys per warpgroup's dQ product
+  static constexpr int DQ_CHUNK = DQ_N < 64 ? DQ_N : 64;  // dQ columns per wgmma (one box of K)
+  static constexpr int DQ_RED = Cfg::DQ_RED;  // 0: 8-byte reds from registers; 1: staged, 16-byte reds; 2: staged, bulk
+  static constexpr int kDqRowFloats = DQ_CHUNK + 4;  // staged row stride (16 bytes of padding: fewer bank conflicts)
+  static constexpr int kDqStageBytes = DQ_RED ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
+  static constexpr int kBarOffset = kDqStageOffset + kDqStageBytes;
+  static constexpr int kNumBars = 1 + 2 * STAGES;
+  static constexpr int kAlignSlack = 1024;  // dynamic shared memory is only 16-byte aligned
+  static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
 
   static_assert(BM == 64, "BLOCK_M = 64: the N of S^T / dP^T, the K of dV / dK, the M of dQ (one 128-byte row of dS^T)");
   static_assert(BN == 64 * NC && (NC == 1 || NC == 2), "each consumer warpgroup owns 64 keys (1 or 2 of them)");
@@ -75,6 +83,9 @@ struct V3BwdLayout {
                 "head dims: whole 64-column boxes, at most 128 (dK and dV stay in registers)");
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
   static_assert(!kSplitN || (D % (64 * NC) == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole boxes");
+  static_assert(DQ_N % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ in whole chunks of at most one box");
+  static_assert(DQ_RED >= 0 && DQ_RED <= 2 && (DQ_RED != 1 || 32 % (DQ_CHUNK / 4) == 0),
+                "DQ_RED 0..2; 16-byte reds: whole rows per warp instruction");
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles (the 128-byte swizzle's atom)");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
@@ -103,6 +114,46 @@ struct V3BwdWalk {
     return it;
   }
 };
+
+// DQ_RED 1 / 2: this warp's 16 x DQ_CHUNK fp32 dQ tile (C layout) staged in shared memory at s_stage, then
+// added into rows row0.. of gdq (row stride D, at the chunk's first column): 1 -- 16-byte reds, each warp
+// instruction covering whole rows (full 128-byte lines); 2 -- one bulk asynchronous reduction (TMA) per row,
+// issued by lanes 0..15 (the staging buffer is reused once their bulk reads are done).
+template <class L>
+__device__ __forceinline__ void v3_bwd_dq_staged(const float (&acc)[L::DQ_CHUNK / 2], unsigned int s_stage,
+                                                 float* gdq, int row0, int nq) {
+  constexpr int RS = L::kDqRowFloats;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if constexpr (L::DQ_RED == 2) {
+    if (lane < 16) bulk_wait_read_all();  // the previous chunk's reductions have read the buffer
+  }
+  __syncwarp();
+#pragma unroll
+  for (int nt = 0; nt < L::DQ_CHUNK / 8; ++nt) {
+    st_shared_f32x2(s_stage + (g * RS + nt * 8 + 2 * t) * 4, acc[4 * nt], acc[4 * nt + 1]);
+    st_shared_f32x2(s_stage + ((g + 8) * RS + nt * 8 + 2 * t) * 4, acc[4 * nt + 2], acc[4 * nt + 3]);
+  }
+  if constexpr (L::DQ_RED == 2) {
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane < 16 && row0 + lane < nq) {
+      bulk_reduce_add_f32(gdq + (long long)(row0 + lane) * L::D, s_stage + lane * RS * 4, L::DQ_CHUNK * 4);
+    }
+    if (lane < 16) bulk_commit();
+  } else {
+    __syncwarp();
+    constexpr int LPR = L::DQ_CHUNK / 4;  // lanes per row (16 bytes each)
+    constexpr int RPI = 32 / LPR;         // rows per instruction
+    const int rr = lane / LPR, ch = lane % LPR;
+#pragma unroll
+    for (int i = 0; i < 16 / RPI; ++i) {
+      const int r = i * RPI + rr;
+      float v[4];
+      ld_shared_f32x4(s_stage + (r * RS + ch * 4) * 4, v);
+      if (row0 + r < nq) red_add_f32x4(gdq + (long long)(row0 + r) * L::D + ch * 4, v[0], v[1], v[2], v[3]);
+    }
+  }
+}
 
 template <class Cfg>
 __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf,
@@ -204,7 +255,70 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   const unsigned long long dV_a = opaque_u64(wgmma_desc_sw128(sV + wg * 64 * 128, 16, 1024));
   mbar_wait(barKV, 0);  // always: the K/V copies must land before the CTA may exit
 
+  // Named barriers (ids 1..10 of 16; 256 threads: one warpgroup arrives, the other syncs):
+  //   ready(w, p): warpgroup w's half of dS^T buffer p is written (DQ_SPLIT_N: the other one's dQ reads it);
+  //   free(w, p):  the other warpgroup's dQ has read w's half of buffer p (w may overwrite it).
+  //   own(w):      (no DQ_SPLIT_N, 128 threads) w's four warps have written its dS^T rows.
+  auto bar_ready = [](int w, int pb) { return 1 + 2 * w + pb; };
+  auto bar_free = [](int w, int pb) { return 5 + 2 * w + pb; };
+  const int other = NC - 1 - wg;
+  constexpr bool kCross = L::kSplitN && NC > 1;  // dQ reads the other warpgroup's dS^T half
+  const unsigned int sDqStage = base + L::kDqStageOffset + (warp - 4) * 16 * L::kDqRowFloats * 4;  // this warp's rows
+
+  // dQ of step j (its dS^T in buffer j & 1, its query block q0 of head h, its stage sj): the product in chunks
+  // of DQ_CHUNK columns (one accumulator of DQ_CHUNK/2 fp32 live at a time), each added into the fp32
+  // accumulator once done. The first chunk's wait also retires the step's dV / dK GEMMs (an older group), so
+  // its stage is released there and the P^T / dS^T fragments may be reused after it.
+  auto dq_step = [&](int j, int h, int q0, int sj, unsigned int (&pf)[KQ][4], unsigned int (&df)[KQ][4]) {
+    const unsigned int sDS = base + L::kDSOffset + (j & 1) * L::kDSBytes;
+    if constexpr (kCross && Cfg::DQ_DEFER) named_bar_sync(bar_ready(other, j & 1), 256);
+    const unsigned int a0 = L::kSplitN ? sDS : sDS + wg * 64 * 128;
+    const unsigned int b0 = L::kSplitN ? sK + wg * (L::DQ_N / 64) * BN * 128 : sK + wg * 64 * 128;
+    const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
+    const unsigned long long dkt = opaque_u64(wgmma_desc_sw128(b0, BN * 128, 1024));
+    const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
+    float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
+#pragma unroll
+    for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
+      float acc_dq[L::DQ_CHUNK / 2];
+      reg_fence(acc_dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < L::DQ_K / 16; ++kk) {
+        wgmma_bwd_dq(acc_dq, dds + ((kk * 16 * 128) >> 4), dkt + ((c * BN * 128 + kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(acc_dq);
+      if (c == 0) {
+        reg_fence(acc_dv);
+        reg_fence(acc_dk);
+        reg_fence(pf);
+        reg_fence(df);
+        mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
+      }
+      // dQ rows q0 + 16 warp_wg + g (+ 8), columns col0 + c DQ_CHUNK + 8 nt + 2t (+ 1).
+      if constexpr (L::DQ_RED == 0) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = q0 + 16 * warp_wg + g + 8 * hf;
+          if (r < p.Nq) {
+#pragma unroll
+            for (int nt = 0; nt < L::DQ_CHUNK / 8; ++nt) {
+              red_add_f32x2(gdq + (long long)r * D + c * L::DQ_CHUNK + nt * 8, acc_dq[4 * nt + 2 * hf],
+                            acc_dq[4 * nt + 2 * hf + 1]);
+            }
+          }
+        }
+      } else {
+        v3_bwd_dq_staged<L>(acc_dq, sDqStage, gdq - 2 * t + c * L::DQ_CHUNK, q0 + 16 * warp_wg, p.Nq);
+      }
+    }
+  };
+
+  unsigned int p_frag[KQ][4], ds_frag[KQ][4];  // A operands of the step's dV / dK GEMMs (read until they retire)
   int i = 0;
+  int prev_h = 0, prev_q0 = 0, prev_s = 0;
   for (int it = walk.next(0, p, buf); it < walk.total; ++i) {
     const int it_next = walk.next(it + 1, p, buf);
     const int s = i % STAGES;
@@ -217,6 +331,21 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     const unsigned int sQs = s_q(s), sDOs = s_do(s);
     const float* s_lse2 = reinterpret_cast<const float*>(smem_raw + (s_rows(s) - raw));
     const float* s_dsum = s_lse2 + BM;
+
+    if constexpr (Cfg::DQ_DEFER) {
+      // The previous step's dQ, issued before this step's S^T: with DQ_SPLIT_N it waits only for the other
+      // warpgroup's half of that step's dS^T, so the warpgroups need not run in step.
+      if (i > 0) {
+        dq_step(i - 1, prev_h, prev_q0, prev_s, p_frag, ds_frag);
+        if (kCross && it_next < walk.total) named_bar_arrive(bar_free(other, (i - 1) & 1), 256);
+      } else {
+        // (nothing in flight yet; the wait keeps every path into this step's GEMMs free of in-flight wgmmas,
+        // which ptxas otherwise answers by serializing all of them)
+        wgmma_wait<0>();
+        reg_fence(p_frag);
+        reg_fence(ds_frag);
+      }
+    }
     mbar_wait(full(s), (i / STAGES) & 1);
 
     // S^T = K_w Q^T and dP^T = V_w dO^T.
@@ -254,8 +383,11 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     }
 
     // A fragments (k16 step kk = queries 16 kk..: n8 tiles 2 kk and 2 kk + 1) and dS^T into shared memory:
-    // row = key (CTA-local), 16-byte chunk = n8 query tile, swizzled by the row's low 3 bits.
-    unsigned int p_frag[KQ][4], ds_frag[KQ][4];
+    // row = key (CTA-local), 16-byte chunk = n8 query tile, swizzled by the row's low 3 bits. Before this
+    // warpgroup overwrites its half of buffer i & 1, the other one's dQ of step i - 2 has read it.
+    if constexpr (kCross && Cfg::DQ_DEFER) {
+      if (i >= 2) named_bar_sync(bar_free(wg, i & 1), 256);
+    }
     const unsigned int sDS = base + L::kDSOffset + (i & 1) * L::kDSBytes;
 #pragma unroll
     for (int kk = 0; kk < KQ; ++kk) {
@@ -268,8 +400,18 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         st_shared_u32(sDS + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * t, ds_frag[kk][j]);
       }
     }
+    // The generic-proxy stores of dS^T become visible to the wgmma (async proxy), then the warpgroups whose
+    // dQ reads them learn that they are written.
+    fence_proxy_async_shared();
+    if constexpr (!kCross) {
+      named_bar_sync(9 + wg, 128);
+    } else if constexpr (Cfg::DQ_DEFER) {
+      named_bar_arrive(bar_ready(wg, i & 1), 256);
+    } else {
+      named_bar_sync(1, 128 * NC);
+    }
 
-    // dV += (z P^T) dO, dK += dS^T Q.
+    // dV += (z P^T) dO, dK += dS^T Q (retired by the next dQ step's first wait).
     {
       const unsigned long long ddo_t = opaque_u64(wgmma_desc_sw128(sDOs, BM * 128, 1024));
       const unsigned long long dq_t = opaque_u64(wgmma_desc_sw128(sQs, BM * 128, 1024));
@@ -282,55 +424,25 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dk(acc_dk, ds_frag[kk], dq_t + ((kk * 16 * 128) >> 4));
       wgmma_commit();
     }
-
-    // dQ = dS K: the generic-proxy stores of dS^T become visible to the wgmma (async proxy), then every
-    // warpgroup whose dS^T the product reads has written it.
-    float acc_dq[L::DQ_N / 2];
-    fence_proxy_async_shared();
-    if constexpr (L::kSplitN) {
-      named_bar_sync(1, 128 * NC);
-    } else {
-      named_bar_sync(1 + wg, 128);
-    }
-    {
-      const unsigned int a0 = L::kSplitN ? sDS : sDS + wg * 64 * 128;
-      const unsigned int b0 = L::kSplitN ? sK + wg * (L::DQ_N / 64) * BN * 128 : sK + wg * 64 * 128;
-      const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
-      const unsigned long long dkt = opaque_u64(wgmma_desc_sw128(b0, BN * 128, 1024));
-      reg_fence(acc_dq);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < L::DQ_K / 16; ++kk) {
-        wgmma_bwd_dq(acc_dq, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(acc_dq);
-      reg_fence(acc_dv);
-      reg_fence(acc_dk);
-      reg_fence(p_frag);
-      reg_fence(ds_frag);
-    }
-    mbar_arrive(empty(s));  // Q, dO, lse2 and dsum of this stage are no longer read
-
-    // dQ rows q0 + 16 warp_wg + g (+ 8), columns col0 + 8 nt + 2t (+ 1).
-    {
-      const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
-      float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = q0 + 16 * warp_wg + g + 8 * hf;
-        if (r < p.Nq) {
-#pragma unroll
-          for (int nt = 0; nt < L::DQ_N / 8; ++nt) {
-            red_add_f32x2(gdq + (long long)r * D + nt * 8, acc_dq[4 * nt + 2 * hf], acc_dq[4 * nt + 2 * hf + 1]);
-          }
-        }
-      }
-    }
+    if constexpr (!Cfg::DQ_DEFER) dq_step(i, h, q0, s, p_frag, ds_frag);
+    prev_h = h;
+    prev_q0 = q0;
+    prev_s = s;
     it = it_next;
   }
+  if constexpr (Cfg::DQ_DEFER) {
+    if (i > 0) {
+      dq_step(i - 1, prev_h, prev_q0, prev_s, p_frag, ds_frag);
+    } else {
+      wgmma_wait<0>();  // (nothing in flight: keeps every path into the dK / dV stores free of in-flight wgmmas)
+      reg_fence(acc_dk);
+      reg_fence(acc_dv);
+    }
+  }
 
+  if constexpr (L::DQ_RED == 2) {
+    if (lane < 16) bulk_wait_read_all();  // the last reductions read shared memory: it must outlive them
+  }
   // dK and dV rows of this warp (every row is written: zeros where no query saw the key).
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
