@@ -39,14 +39,13 @@ def test_plan_d128_splits_dq_by_columns():
     assert "BLOCK_N=128" in text and "columns split" in text and "200744" in text
 
 
-def test_plan_d64_splits_dq_by_keys_and_says_why():
+def test_plan_d64_splits_dq_by_columns_inside_one_box():
     p = plan_v3_bwd(ProblemDims(64), SM90)
-    assert p.dq_split_n is False and p.block_n == 128
-    assert any("D=64 does not split into 2 whole 64-column boxes" in r for r in p.reasons)
-    with pytest.raises(PlanError, match="does not split"):
-        plan_v3_bwd(ProblemDims(64), SM90, consumers=2, dq_split_n=True)
-    one = plan_v3_bwd(ProblemDims(64), SM90, dq_split_n=True)  # feasible with one consumer warpgroup
-    assert (one.consumers, one.block_n) == (1, 64) and any("does not split" in r for r in one.reasons)
+    assert p.dq_split_n is True and p.block_n == 128  # 32 columns per warpgroup: B starts inside the swizzled row
+    assert "columns split over the warpgroups (32 each)" in p.describe()
+    keys = plan_v3_bwd(ProblemDims(64), SM90, dq_split_n=False)
+    assert keys.dq_split_n is False and "keys split" in keys.describe()
+    assert v3_bwd_smem_bytes(64, 64, 2, 2) == p.smem_bytes  # staged dQ rows of 32 + 4 fp32
 
 
 def test_plan_rejections_carry_numbers():

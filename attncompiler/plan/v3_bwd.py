@@ -12,7 +12,8 @@ Facts of the kernel as module constants:
   :data:`REG_OVERHEAD`; it must fit :data:`CONSUMER_REGS` (setmaxnreg; 24 for the producer).
 * Shared memory: K and V of the CTA, ``stages`` x (Q, dO) tiles, two dS^T tiles (BLOCK_N x 64, double
   buffered), ``stages`` x (lse2, dsum) rows, mbarriers, and 1024 bytes of alignment slack.
-* dQ: ``dq_split_n`` -- warpgroup w multiplies dS (all BLOCK_N keys) by its D/consumers columns of K
+* dQ: ``dq_split_n`` -- warpgroup w multiplies dS (all BLOCK_N keys) by its D/consumers columns of K (at
+  D = 64: 32 columns, an MN-major B operand starting inside the 128-byte swizzled row)
   (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
   (``consumers`` reds per element).  Both add into the fp32 accumulator the v2 backward's atomic mode
   uses, so the v3 backward is never deterministic (``deterministic=True`` runs the v2 backward).
@@ -136,8 +137,9 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     for nc in ((consumers,) if consumers is not None else CONSUMERS):
         split_options = (dq_split_n,) if dq_split_n is not None else (True, False)
         for split in split_options:
-            if split and d % (BOX_COLS * nc):
-                rejected.append(f"consumers={nc}, dq_split_n: D={d} does not split into {nc} whole 64-column boxes")
+            if split and (d % (16 * nc) or ((d // nc) % BOX_COLS and BOX_COLS % (d // nc))):
+                rejected.append(f"consumers={nc}, dq_split_n: D={d} does not split into {nc} column blocks that are "
+                                f"multiples of 16 and whole 64-column boxes or parts of one")
                 continue
             regs = v3_bwd_register_estimate(d, dv, nc, split)
             if regs["total"] > CONSUMER_REGS[nc]:
