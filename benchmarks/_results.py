@@ -1,5 +1,5 @@
-"""The set-up the benchmark scripts share (bench_forward.py, bench_backward.py, bench_decode.py): the
-device banner and the JSON-lines result log.  Imported as a sibling module (``from _results import ...``:
+"""The set-up the benchmark scripts share (bench_forward.py, bench_backward.py, bench_decode.py, the sweeps): the
+device banner, the JSON-lines result log and the sweeps' median summary.  Imported as a sibling module (``from _results import ...``:
 the scripts run as ``PYTHONPATH=. python3 benchmarks/<script>.py``, which puts benchmarks/ on the path).
 """
 from __future__ import annotations
@@ -16,6 +16,17 @@ def device_banner(extra: str = "") -> str:
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}{extra}", flush=True)
     return dev
+
+
+def print_round_medians(times: dict[str, list[float]], rounds: int, what: str = "TFLOP/s") -> None:
+    """The sweeps' summary (v3_sweep.py, v3_bwd_sweep.py): per config, the median of its ``rounds``
+    interleaved measurements with their range (nothing when there was one round)."""
+    if rounds <= 1:
+        return
+    print(f"# median {what} over {rounds} interleaved rounds")
+    for item, ts in times.items():
+        ts = sorted(ts)
+        print(f"{item}: {ts[len(ts) // 2]:.1f} (min {ts[0]:.1f}, max {ts[-1]:.1f})", flush=True)
 
 
 class Results:

@@ -15,6 +15,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from _results import print_round_medians
 
 
 def _value(v: str) -> object:
@@ -70,11 +71,7 @@ def main(argv: list[str]) -> int:
         except Exception as e:  # noqa: BLE001 - one failing config must not end the sweep
             print(f"{item}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
         torch.cuda.empty_cache()
-    if rounds > 1:
-        print(f"# median backward TFLOP/s over {rounds} interleaved rounds")
-        for item, ts in times.items():
-            ts = sorted(ts)
-            print(f"{item}: {ts[len(ts) // 2]:.1f} (min {ts[0]:.1f}, max {ts[-1]:.1f})", flush=True)
+    print_round_medians(times, rounds, "backward TFLOP/s")
     return 0
 
 

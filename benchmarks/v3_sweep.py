@@ -18,6 +18,7 @@ import dataclasses
 import sys
 
 import torch
+from _results import print_round_medians
 from bench_v3 import _spec
 
 
@@ -86,11 +87,7 @@ def main(argv: list[str]) -> int:
                   flush=True)
         except Exception as e:  # noqa: BLE001 - one failing config must not end the sweep
             print(f"d={d} {var} {options}: ERROR {type(e).__name__}: {str(e)[:200]}", flush=True)
-    if rounds > 1:
-        print(f"# median TFLOP/s over {rounds} interleaved rounds")
-        for item, ts in times.items():
-            ts = sorted(ts)
-            print(f"{item}: {ts[len(ts) // 2]:.1f} (min {ts[0]:.1f}, max {ts[-1]:.1f})", flush=True)
+    print_round_medians(times, rounds, "TFLOP/s")
     return 0
 
 

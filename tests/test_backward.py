@@ -4,16 +4,15 @@ backward plans and rendering, and nvcc compilation of every backward variant (sm
 """
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import sympy
 import torch
 
 import attncompiler as ac
+from _specs import all_specs  # shared with the other render / nvcc tests
 from attncompiler.backward_torch import torch_backward
 from attncompiler.codegen.hooks import render_prelude
 from attncompiler.codegen.v2_bwd import make_bwd_plan, render_bwd
@@ -27,8 +26,6 @@ from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 from attncompiler.spec.symbols import KV_IDX, Q_IDX, SCORE
 
-ROOT = Path(__file__).parent.parent
-PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document")
 
 
 # ----------------------------------------------------------------------------- symbolic gradients
@@ -240,21 +237,8 @@ def test_backward_plan_for_every_head_dim(d, arch):
         assert any("registers" in r for r in p.reasons)
 
 
-def _example_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
-    out = {}
-    for path in sorted((ROOT / "examples").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"exbwd_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out[f"example:{path.stem}"] = mod.make_spec(head_dim=head_dim)
-    return out
-
-
 def _all_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
-    specs = {n: presets.get_preset(n, head_dim=head_dim, num_heads=4, seqlen=1024) for n in PRESET_NAMES}
-    specs["dropout"] = ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")
-    specs.update(_example_specs(head_dim))
-    return specs
+    return all_specs(head_dim)
 
 
 def _render(spec, arch: str, deterministic: bool):

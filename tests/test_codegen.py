@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import attncompiler as ac
+from _specs import all_specs  # shared with the other render / nvcc tests
 from attncompiler.codegen.schedule import get_schedule, schedule_names
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.targets import get_target
@@ -19,24 +20,10 @@ from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 
 ROOT = Path(__file__).parent.parent
-PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document")
-
-
-def _example_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
-    out = {}
-    for path in sorted((ROOT / "examples").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"ex_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out[f"example:{path.stem}"] = mod.make_spec(head_dim=head_dim)
-    return out
 
 
 def _all_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
-    specs = {n: presets.get_preset(n, head_dim=head_dim, num_heads=4, seqlen=1024) for n in PRESET_NAMES}
-    specs["dropout"] = ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")
-    specs.update(_example_specs(head_dim))
-    return specs
+    return all_specs(head_dim)
 
 
 def _render(spec, schedule: str, arch: str):

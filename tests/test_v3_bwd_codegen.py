@@ -2,14 +2,13 @@
 runtime picks, rendering of every preset and example, and nvcc compilation for sm_90a."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 import attncompiler as ac
+from _specs import all_specs  # shared with the other render / nvcc tests
 from attncompiler.codegen.v2_bwd import BwdKernelSource
 from attncompiler.codegen.v3_bwd import V3BwdKernelSource, render_v3_bwd
 from attncompiler.ir.build import build_ir
@@ -21,8 +20,6 @@ from attncompiler.runtime.backward import bwd_source
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 
-ROOT = Path(__file__).parent.parent
-PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document")
 SM90 = get_target("sm_90")
 
 
@@ -100,21 +97,9 @@ def test_runtime_picks_the_backward():
     assert src.nq_padded(1) == 64 and src.nq_padded(1023) == 1024
 
 
-def _example_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
-    out = {}
-    for path in sorted((ROOT / "examples").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"exv3bwd_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out[f"example:{path.stem}"] = mod.make_spec(head_dim=head_dim)
-    return out
-
-
 def _all_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
-    specs = {n: presets.get_preset(n, head_dim=head_dim, num_heads=4, seqlen=1024) for n in PRESET_NAMES}
-    specs["dropout"] = ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")
+    specs = all_specs(head_dim)
     specs["fp16"] = presets.causal(head_dim, dtype="fp16")
-    specs.update(_example_specs(head_dim))
     return specs
 
 
