@@ -1,6 +1,7 @@
 """The ``attncompiler`` command: show generated CUDA, explain plans, run a variant on the GPU.
 
     attncompiler show SPEC [--schedule auto|v1|v2|v3|decode] [--arch sm_90] [--backward [--deterministic]]
+                           (--backward: the v3 backward on sm_90 at d = 64 / 128, else v2; --option schedule=v2)
                                                                 print the generated CUDA
     attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES] [--shape B,H,N]
     attncompiler run  SPEC [--schedule ...] [--shape B,H,N]     compile, check against float64, time
@@ -76,6 +77,9 @@ def _plan_options(items: Sequence[str] | None) -> dict[str, object]:
         if not sep or not key.strip():
             raise ValueError(f"--option: expected KEY=VALUE (e.g. q_prescale=true, block_n=96), got {item!r}")
         low = text.strip().lower()
+        if key.strip() == "schedule":  # the backward's schedule (show --backward --option schedule=v2)
+            out["schedule"] = low
+            continue
         if low in ("true", "false"):
             out[key.strip()] = low == "true"
             continue
@@ -117,14 +121,16 @@ def _kernel_source(args):
 
 def _cmd_show(args) -> int:
     if getattr(args, "backward", False):
-        from .codegen.v2_bwd import make_bwd_plan, render_bwd
         from .ir.build import build_ir
+        from .runtime.backward import bwd_source
 
         spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads,
                          seqlen=args.seqlen)
         tgt = _target(args.arch)
         ir = build_ir(spec)
-        print(render_bwd(ir, make_bwd_plan(ir, tgt, deterministic=args.deterministic), tgt).source)
+        # what .backward() runs: the v3 backward on sm_90 where it applies, else v2 (--option schedule=v2|v3)
+        print(bwd_source(ir, tgt, deterministic=args.deterministic,
+                         options=_plan_options(getattr(args, "option", None))).source)
         return 0
     _, _, _, _, ks = _kernel_source(args)
     print(ks.source)
@@ -290,7 +296,8 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     options(p)
     p.add_argument("--backward", action="store_true",
-                   help="print the backward kernels (v2 backward, whatever --schedule says)")
+                   help="print the backward kernels .backward() runs, whatever --schedule says: v3 on sm_90 "
+                        "for head dims 64 / 128, else v2 (--option schedule=v2|v3 and the backward's plan options)")
     p.add_argument("--deterministic", action="store_true",
                    help="with --backward: the deterministic variant (separate dQ pass, no atomics)")
     p.set_defaults(fn=_cmd_show)

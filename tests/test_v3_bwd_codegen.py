@@ -134,3 +134,18 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
         # elementwise step; every other variant is spill-free
         limit = 128 if "dropout" in name and head_dim == 128 else 0
         assert rep.registers > 0 and rep.spill_stores <= limit and rep.spill_loads <= limit, name
+
+
+def test_cli_show_backward_prints_what_backward_runs(capsys):
+    from attncompiler.cli import main
+
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "128"]) == 0
+    assert "schedule v3 backward" in capsys.readouterr().out
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "128", "--option", "schedule=v2"]) == 0
+    assert "schedule v2 backward" in capsys.readouterr().out
+    assert main(["show", "causal", "--backward", "--arch", "sm_80", "--head-dim", "128"]) == 0
+    assert "schedule v2 backward" in capsys.readouterr().out
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "64", "--option", "stages=3"]) == 0
+    assert "3 Q/dO stages" in capsys.readouterr().out
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96", "--option", "schedule=v3"]) != 0
+    assert "multiple of 64" in capsys.readouterr().err
