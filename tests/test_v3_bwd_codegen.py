@@ -91,6 +91,8 @@ def test_runtime_picks_the_backward():
         bwd_source(build_ir(presets.causal(96)), SM90, options={"schedule": "v3"})
     with pytest.raises(PlanError, match="expected one of"):
         bwd_source(ir, SM90, options={"schedule": "v9"})
+    with pytest.raises(PlanError, match=r"expected plan options among .*got \['block_m'\]"):
+        bwd_source(ir, SM90, options={"schedule": "v3", "block_m": 64})
     src = bwd_source(ir, SM90)
     assert src.entries == ("attn_bwd_pre", "attn_bwd_kv") and src.smem("attn_bwd_kv") == src.plan.smem_bytes
     assert src.threads("attn_bwd_kv") == 384 and src.threads("attn_bwd_pre") == 256

@@ -53,6 +53,9 @@ def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
         refusal = v3_bwd_refusal(ir, target, deterministic=deterministic, varlen=varlen)
         if schedule == "v3" and refusal is not None:
             raise PlanError(refusal)
+        if schedule == "v3" and not set(opts) <= set(V3_BWD_OPTIONS):
+            raise PlanError(f"v3 backward: expected plan options among {V3_BWD_OPTIONS}, got "
+                            f"{sorted(set(opts) - set(V3_BWD_OPTIONS))}")
         if schedule == "auto" and refusal is None and not set(opts) <= set(V3_BWD_OPTIONS):
             refusal = f"plan options {sorted(set(opts) - set(V3_BWD_OPTIONS))} are the v2 backward's"
         if schedule == "v3" or (schedule == "auto" and refusal is None):
