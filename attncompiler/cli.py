@@ -4,6 +4,7 @@
                            (--backward: the v3 backward on sm_90 at d = 64 / 128, else v2; --option schedule=v2)
                                                                 print the generated CUDA
     attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES] [--shape B,H,N]
+                           [--backward [--deterministic]]  (the backward's plan and why v3 is not used)
     attncompiler run  SPEC [--schedule ...] [--shape B,H,N]     compile, check against float64, time
     attncompiler tune SPEC --shape B,H,N,D [--schedule auto|v1|v2|v3] [--max-candidates K] [--force]
     attncompiler presets                                        list preset names
@@ -147,10 +148,32 @@ def _ints(text: str, n: int, what: str) -> tuple[int, ...]:
     return vals
 
 
+def _cmd_plan_backward(args) -> int:
+    from .ir.build import build_ir, format_ir
+    from .plan.v3_bwd import v3_bwd_refusal
+    from .runtime.backward import bwd_source
+
+    spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads, seqlen=args.seqlen)
+    tgt = _target(args.arch)
+    ir = build_ir(spec)
+    opts = _plan_options(getattr(args, "option", None))
+    src = bwd_source(ir, tgt, deterministic=args.deterministic, options=opts)
+    print(format_ir(ir))
+    print()
+    print(src.plan.describe())
+    refusal = v3_bwd_refusal(ir, tgt, deterministic=args.deterministic)
+    if src.plan.schedule != "v3_bwd":
+        why = refusal or f"asked for {opts.get('schedule', 'auto')!r} with options {sorted(opts)}"
+        print(f"\nv3 backward not used: {why}")
+    return 0
+
+
 def _cmd_plan(args) -> int:
     from .ir.build import format_ir
     from .plan.planner import candidates_v2, format_candidates, format_io_report, format_resource_model, io_report
 
+    if getattr(args, "backward", False):
+        return _cmd_plan_backward(args)
     if args.shape:
         B, H, N = _ints(args.shape, 3, "B,H,N")
         args.heads, args.seqlen = H, N
@@ -307,6 +330,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="list every candidate, accepted and rejected, with why")
     p.add_argument("--sram-budget", type=int, default=None, help="v1: FA1's M in bytes (selects v1 under auto)")
     p.add_argument("--shape", default=None, help="B,H,N for the IO report (default B=16384/N, --heads, --seqlen)")
+    p.add_argument("--backward", action="store_true",
+                   help="the backward's plan instead (v3 on sm_90 for head dims 64 / 128, else v2; --option "
+                        "schedule=v2|v3 and the backward's plan options), and why v3 is not used where it is not")
+    p.add_argument("--deterministic", action="store_true", help="with --backward: the deterministic backward")
     p.set_defaults(fn=_cmd_plan)
     p = sub.add_parser("run", help="compile, check against the float64 reference and time (GPU)")
     common(p)

@@ -151,3 +151,17 @@ def test_cli_show_backward_prints_what_backward_runs(capsys):
     assert "3 Q/dO stages" in capsys.readouterr().out
     assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96", "--option", "schedule=v3"]) != 0
     assert "multiple of 64" in capsys.readouterr().err
+
+
+def test_cli_plan_backward_explains_the_choice(capsys):
+    from attncompiler.cli import main
+
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "v3_bwd plan for sm_90" in out and "registers ~ dK+dV 128" in out and "200744 B" in out
+    assert "16-byte reds" in out and "deferred one step" in out and "not used" not in out
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96"]) == 0
+    out = capsys.readouterr().out
+    assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 64" in out
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--deterministic"]) == 0
+    assert "not used: v3 backward adds dQ with fp32 reds" in capsys.readouterr().out
