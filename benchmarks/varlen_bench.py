@@ -2,9 +2,11 @@
 forward+backward times (median of triton.testing.do_bench), causal, bf16.
 
     PYTHONPATH=. python3 benchmarks/varlen_bench.py [--head-dim 128] [--heads 16] [--schedule v2|v3|auto]
+        [--backward auto,v2]
 
-The schedule is the compiled kernel's (v3: Hopper; packed batches then run the v3 varlen forward; the
-backward is v2's either way).
+The schedule is the compiled kernel's (v3: Hopper; packed batches then run the v3 varlen forward). The
+backward runs once per ``--backward`` schedule (``kern.backward_options["schedule"]``: auto = v3 on sm_90 at
+d = 64 / 128, packed batches included, else v2), so the backwards are compared in one process.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--schedule", default="v2")
+    ap.add_argument("--backward", default="auto", help="comma-separated backward schedules: auto, v2, v3")
     args = ap.parse_args()
     D, H = args.head_dim, args.heads
     kern = ac.compile(presets.causal(D), args.schedule)
@@ -55,11 +58,13 @@ def main() -> None:
             o = kern(qp, kp, vp)
             torch.autograd.grad(o, (qp, kp, vp), dop)
 
-        t = [triton.testing.do_bench(f, warmup=50, rep=300, return_mode="median") for f in (fv, fp, bv, bp)]
         name = str(lens) if len(lens) <= 8 else f"{len(lens)} random in [1, 2048), total {tq}"
-        print(f"{name[:44]:44s} " + " ".join(f"{x:9.3f}ms" for x in t))
-        kt = [_kernel_ms(f) for f in (fv, fp, bv, bp)]
-        print(f"{'  kernels only (profiler, attn_* sum)':44s} " + " ".join(f"{x:9.3f}ms" for x in kt))
+        for bwd in args.backward.split(","):
+            kern.backward_options = {"schedule": bwd}
+            t = [triton.testing.do_bench(f, warmup=50, rep=300, return_mode="median") for f in (fv, fp, bv, bp)]
+            print(f"{name[:36]:36s} bwd {bwd:4s}" + " ".join(f"{x:9.3f}ms" for x in t))
+            kt = [_kernel_ms(f) for f in (fv, fp, bv, bp)]
+            print(f"{'  kernels only (profiler, attn_*)':44s} " + " ".join(f"{x:9.3f}ms" for x in kt))
 
 
 def _kernel_ms(fn, reps: int = 10) -> float:

@@ -20,8 +20,8 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-# The forward schedules of packed batches: v2, and v3 (TMA maps over the packed rows) on an sm_90 GPU; the backward
-# is v2's either way.
+# The forward schedules of packed batches: v2, and v3 (TMA maps over the packed rows) on an sm_90 GPU. The backward
+# is the automatic choice either way: on an sm_90 GPU at head dims 64 / 128 the v3 backward, else v2's.
 SCHEDULES = ["v2", pytest.param("v3", marks=pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU"))]
 
 
@@ -259,3 +259,62 @@ def test_varlen_v3_one_consumer_two_ctas(name):
     res = check_varlen_kernel(kern, SEQ_Q, SEQ_K, H=4)
     assert res.ok, f"forward {name} block_m=64: {res}"
     assert _ran_v3_varlen()
+
+
+def _ran_v3_backward_varlen() -> bool:
+    from attncompiler.codegen.v3_bwd import V3BwdKernelSource
+    from attncompiler.runtime import backward as rb
+
+    return any(key[-1] and isinstance(src, V3BwdKernelSource) for key, src in rb._sources.items())
+
+
+@pytest.mark.skipif(not _hopper(), reason="the v3 backward needs an sm_90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_v3_backward_ignores_the_next_sequence(head_dim):
+    """On Hopper a packed batch's .backward() runs the v3 backward (TMA maps over the packed rows). A sequence's
+    last query and key blocks then read the next sequence's rows; huge keys, values and dO there must change
+    nothing: dK and dV of each sequence equal (bitwise) those of the sequence run alone through the padded v3
+    backward, and dQ (fp32 reds in another order) agrees to rounding."""
+    from attncompiler.runtime import backward as rb
+
+    rb._sources.clear()
+    kern = ac.compile(_spec("causal", head_dim, "bf16"))
+    seq_q, seq_k = (100, 37, 300, 0, 65), (130, 37, 250, 9, 64)
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kern, seq_q, seq_k, 2)
+    dout = torch.randn(q.shape[0], 2, head_dim, device="cuda").to(q.dtype)
+    k[130:167] *= 50.0  # sequence 1: scores ~50x larger than anything sequence 0 sees
+    v[130:167] = 1e4
+    dout[100:137] = 1e3
+
+    def grads(qq, kk, vv, do, **kw):
+        leaves = [t.detach().clone().requires_grad_() for t in (qq, kk, vv)]
+        o = kern(*leaves, **kw)
+        return torch.autograd.grad((o.float() * do.float()).sum(), leaves)
+
+    dq, dk, dv = grads(q, k, v, dout, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert _ran_v3_backward_varlen()
+    as4 = lambda t: t.transpose(0, 1)[None]  # noqa: E731
+    for b in range(len(seq_q)):
+        (qa, qb), (ka, kb) = (cu_q[b].item(), cu_q[b + 1].item()), (cu_k[b].item(), cu_k[b + 1].item())
+        if qa == qb:
+            assert torch.equal(dk[ka:kb], torch.zeros_like(dk[ka:kb])) and torch.equal(dv[ka:kb], 0 * dv[ka:kb])
+            continue
+        rq, rk, rv = grads(as4(q[qa:qb]), as4(k[ka:kb]), as4(v[ka:kb]), as4(dout[qa:qb]))
+        assert torch.equal(dk[ka:kb], rk[0].transpose(0, 1)), f"dk of sequence {b}"
+        assert torch.equal(dv[ka:kb], rv[0].transpose(0, 1)), f"dv of sequence {b}"
+        ref = rq[0].transpose(0, 1).float()
+        err = (dq[qa:qb].float() - ref).abs().max().item()
+        assert err <= 1e-2 * max(1.0, ref.abs().max().item()), f"dq of sequence {b}: {err}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the v3 backward needs an sm_90 GPU")
+@pytest.mark.parametrize("opts", [{"schedule": "v2"}, {"consumers": 1}, {"dq_split_n": False, "stages": 3},
+                                  {"dq_red": 0, "dq_defer": False}],
+                         ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_varlen_backward_options_on_hopper(opts):
+    """The v2 backward (no longer the automatic choice on Hopper) and other v3 backward plans on packed batches."""
+    for name, head_dim in (("document", 128), ("causal", 64)):
+        kern = ac.compile(_spec(name, head_dim, "bf16"))
+        kern.backward_options = dict(opts)
+        res = check_varlen_grads(kern, SEQ_Q, SEQ_K, H=4, H_kv=2, use_lse=True)
+        assert res.ok, f"backward {name} d={head_dim} {opts}: {res}"

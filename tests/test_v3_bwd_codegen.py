@@ -72,7 +72,8 @@ def test_plan_rejections_carry_numbers():
 def test_refusals():
     assert v3_bwd_refusal(ProblemDims(128), SM90) is None
     assert "deterministic" in v3_bwd_refusal(ProblemDims(128), SM90, deterministic=True)
-    assert "packed" in v3_bwd_refusal(ProblemDims(128), SM90, varlen=True)
+    assert v3_bwd_refusal(ProblemDims(128), SM90, varlen=True) is None  # packed sequences run v3 too
+    assert "deterministic" in v3_bwd_refusal(ProblemDims(64), SM90, deterministic=True, varlen=True)
     assert "sm_90a" in v3_bwd_refusal(ProblemDims(64), "sm_89")
     assert "DV" in v3_bwd_refusal(ProblemDims(128, 96), SM90)
 
@@ -82,7 +83,11 @@ def test_runtime_picks_the_backward():
     assert isinstance(bwd_source(ir, SM90), V3BwdKernelSource)
     assert isinstance(bwd_source(ir, SM90, options={"schedule": "v2"}), BwdKernelSource)
     assert isinstance(bwd_source(ir, SM90, deterministic=True), BwdKernelSource)
-    assert isinstance(bwd_source(ir, SM90, varlen=True), BwdKernelSource)
+    packed = bwd_source(ir, SM90, varlen=True)
+    assert isinstance(packed, V3BwdKernelSource) and packed.varlen and not bwd_source(ir, SM90).varlen
+    assert "varlen_bwd_kv_enter" in packed.source and "VARLEN = true" in packed.source
+    assert isinstance(bwd_source(ir, SM90, varlen=True, deterministic=True), BwdKernelSource)
+    assert isinstance(bwd_source(ir, SM90, varlen=True, options={"schedule": "v2"}), BwdKernelSource)
     assert isinstance(bwd_source(ir, SM90, options={"block_m": 64}), BwdKernelSource)  # a v2 plan option
     assert isinstance(bwd_source(ir, get_target("sm_80")), BwdKernelSource)
     assert bwd_source(ir, SM90, options={"stages": 3}).plan.stages == 3
@@ -105,9 +110,41 @@ def _all_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
     return specs
 
 
-def _render(spec: ac.AttentionSpec, **opts) -> V3BwdKernelSource:
+def _render(spec: ac.AttentionSpec, varlen: bool = False, **opts) -> V3BwdKernelSource:
     ir = build_ir(spec)
-    return render_v3_bwd(ir, plan_v3_bwd(ir, SM90, **opts), SM90)
+    return render_v3_bwd(ir, plan_v3_bwd(ir, SM90, **opts), SM90, varlen=varlen)
+
+
+class _FakeStruct:
+    """The fields of AttnParams / AttnBwdParams that the maps read."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_maps_geometry_padded_and_packed(monkeypatch):
+    """The four TMA maps: (B, H, N, d) with the tensors' batch strides, or for packed sequences (1, H, total rows,
+    d) with the batch stride unused; boxes of 64 query rows and BLOCK_N key rows."""
+    import attncompiler.runtime.tma as tma
+    from attncompiler.runtime.launch import AttnInputs
+
+    seen = []
+    monkeypatch.setattr(tma, "maps_struct", lambda entries: seen.append(entries) or "maps")
+    src = bwd_source(build_ir(presets.causal(128)), SM90)
+    P = _FakeStruct(q=16, k=32, v=48, q_sb=9, q_sh=128, q_sn=2048, k_sb=8, k_sh=128, k_sn=1024, v_sb=7, v_sh=128,
+                    v_sn=1024)
+    bp = _FakeStruct(dout=64, do_sb=6, do_sh=128, do_sn=2048)
+    dims = AttnInputs(3, 16, 8, 113, 200, 128, 128)
+    assert src.maps(P, bp, dims) == "maps"
+    assert [(n, shape, st, box) for n, _, shape, st, _, box in seen[0]] == [
+        ("q", (3, 16, 113, 128), (9, 128, 2048), 64), ("k", (3, 8, 200, 128), (8, 128, 1024), 128),
+        ("v", (3, 8, 200, 128), (7, 128, 1024), 128), ("dout", (3, 16, 113, 128), (6, 128, 2048), 64)]
+    assert src.maps(P, bp, dims, packed_rows=(300, 500)) == "maps"
+    assert [(n, shape, st[0]) for n, _, shape, st, _, _ in seen[1]] == [
+        ("q", (1, 16, 300, 128), 0), ("k", (1, 8, 500, 128), 0), ("v", (1, 8, 500, 128), 0),
+        ("dout", (1, 16, 300, 128), 0)]
+    v2 = bwd_source(build_ir(presets.causal(128)), SM90, options={"schedule": "v2"})
+    assert v2.maps(P, bp, dims) is None and v2.nq_padded(113) >= 113 and set(v2.entries) <= set(v2.grids(dims))
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -118,6 +155,9 @@ def test_render_every_variant(head_dim):
         assert "wgmma.mma_async" in src and "cp.async.bulk.tensor" in src and "setmaxnreg" in src, name
         assert "score_mod_grad" in src and "attn_bwd_pre" in src and "attn_bwd_kv" in src, name
         assert ("m64n64k16.f32.f16.f16" in src) == (spec.dtype == "fp16"), name
+        assert "varlen_bwd_kv_enter" not in src, name
+        packed = _render(spec, varlen=True).source
+        assert "varlen_bwd_kv_enter" in packed and "varlen_bwd_pre_enter" in packed and "rows.q_start" in packed, name
 
 
 @pytest.mark.nvcc
@@ -128,6 +168,9 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
     jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
     jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
     jobs["causal dq_split_n=False"] = _render(presets.causal(head_dim), dq_split_n=False).source
+    for name in ("causal", "document", "alibi"):  # packed sequences (the view of each CTA's sequence)
+        if name in jobs:
+            jobs[f"{name} varlen"] = _render(_all_specs(head_dim)[name], varlen=True).source
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
     for name, rep in reports.items():

@@ -56,6 +56,18 @@ class BwdKernelSource:
             return self.plan.dq_smem_bytes
         return self.plan.smem_bytes
 
+    def nq_padded(self, nq: int) -> int:
+        """Rows of the lse2 / dsum workspace per (b, h) (:func:`nq_padded`)."""
+        return nq_padded(self.plan, nq)
+
+    def grids(self, dims: AttnInputs) -> dict[str, tuple[int, int, int]]:
+        """Launch grid of each kernel (:func:`bwd_grids`)."""
+        return bwd_grids(self.plan, dims)
+
+    def maps(self, params: Any, bwd_params: Any, dims: AttnInputs, packed_rows: tuple[int, int] | None = None) -> None:
+        """The v2 kernels take no TMA maps (the v3 backward's :meth:`V3BwdKernelSource.maps`)."""
+        return None
+
 
 def kv_entries(plan: V2BwdPlan) -> tuple[str, ...]:
     return ("attn_bwd_dv", "attn_bwd_dk") if plan.split_dkv else ("attn_bwd_kv",)

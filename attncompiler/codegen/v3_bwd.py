@@ -5,6 +5,9 @@ One translation unit, two kernels:
 * ``attn_bwd_pre`` -- lse2 and dsum = rowsum(dO * O) - dlse per query row (the v2 backward's kernel)
 * ``attn_bwd_kv``  -- dK, dV and dQ (fp32 reds into the accumulator), grid over key blocks; its fourth
   by-value argument is ``struct V3BwdMaps`` (TMA maps of q, k, v and dO: :func:`bwd_maps`)
+
+Both kernel sources (this one and the v2 backward's ``BwdKernelSource``) answer the same launch questions:
+``entries``, ``threads``, ``smem``, ``nq_padded``, ``grids`` and ``maps`` (None for v2).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class V3BwdKernelSource:
     arch: str
     source: str
     plan: V3BwdPlan
+    varlen: bool = False
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -55,9 +59,16 @@ class V3BwdKernelSource:
             "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.B * dims.H_kv, 1),
         }
 
+    def maps(self, params: Any, bwd_params: Any, dims: AttnInputs, packed_rows: tuple[int, int] | None = None) -> Any:
+        """``struct V3BwdMaps`` of the launch (:func:`bwd_maps`); ``packed_rows`` = (total_q, total_k) of packed
+        sequences, whose maps span every row of the batch."""
+        return bwd_maps(params, bwd_params, dims, self.plan.dtype, self.plan.block_n, self.plan.block_m,
+                        packed_rows=packed_rows)
 
-def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target) -> V3BwdKernelSource:
-    """CUDA source of the v3 backward kernels of ``ir`` under ``plan`` (sm_90a)."""
+
+def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: bool = False) -> V3BwdKernelSource:
+    """CUDA source of the v3 backward kernels of ``ir`` under ``plan`` (sm_90a); ``varlen``: the packed-sequence
+    kernels (runtime/varlen.py)."""
     src = render_source(
         TEMPLATE,
         name=ir.name,
@@ -79,20 +90,28 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target) -> V3BwdKern
         pre_warps=plan.pre_warps,
         pre_rows=plan.pre_rows,
         smem_bytes=plan.smem_bytes,
+        varlen=bool(varlen),
     )
     # wgmma and setmaxnreg exist only on the arch-specific target
-    return V3BwdKernelSource("sm_90a", src, plan)
+    return V3BwdKernelSource("sm_90a", src, plan, bool(varlen))
 
 
-def bwd_maps(params: Any, bwd_params: Any, dims: AttnInputs, dtype: str, block_n: int, block_m: int) -> Any:
+def bwd_maps(params: Any, bwd_params: Any, dims: AttnInputs, dtype: str, block_n: int, block_m: int, *,
+             packed_rows: tuple[int, int] | None = None) -> Any:
     """``struct V3BwdMaps``: q and dO in boxes of ``block_m`` rows, k and v in boxes of ``block_n`` rows, from the
-    packed pointers and element strides."""
+    packed pointers and element strides.  ``packed_rows`` = (total_q, total_k): packed sequences, each map
+    (head dim, total rows, heads, 1) with the batch stride unused (the kernel adds the sequence's first row)."""
     from ..runtime.tma import maps_struct
 
     P, bp = params, bwd_params
+    if packed_rows is None:
+        B, nq, nk = dims.B, dims.Nq, dims.Nk
+        sb = (P.q_sb, P.k_sb, P.v_sb, bp.do_sb)
+    else:
+        (B, (nq, nk)), sb = (1, packed_rows), (0, 0, 0, 0)
     return maps_struct((
-        ("q", P.q, (dims.B, dims.H, dims.Nq, dims.D), (P.q_sb, P.q_sh, P.q_sn), dtype, block_m),
-        ("k", P.k, (dims.B, dims.H_kv, dims.Nk, dims.D), (P.k_sb, P.k_sh, P.k_sn), dtype, block_n),
-        ("v", P.v, (dims.B, dims.H_kv, dims.Nk, dims.DV), (P.v_sb, P.v_sh, P.v_sn), dtype, block_n),
-        ("dout", bp.dout, (dims.B, dims.H, dims.Nq, dims.DV), (bp.do_sb, bp.do_sh, bp.do_sn), dtype, block_m),
+        ("q", P.q, (B, dims.H, nq, dims.D), (sb[0], P.q_sh, P.q_sn), dtype, block_m),
+        ("k", P.k, (B, dims.H_kv, nk, dims.D), (sb[1], P.k_sh, P.k_sn), dtype, block_n),
+        ("v", P.v, (B, dims.H_kv, nk, dims.DV), (sb[2], P.v_sh, P.v_sn), dtype, block_n),
+        ("dout", bp.dout, (B, dims.H, nq, dims.DV), (sb[3], bp.do_sh, bp.do_sn), dtype, block_m),
     ))

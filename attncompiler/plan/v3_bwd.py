@@ -116,9 +116,7 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
                     f"TMA boxes, dK/dV in registers), got {x}")
     if deterministic:
         return "v3 backward adds dQ with fp32 reds; deterministic=True needs the v2 backward's separate dQ pass"
-    if varlen:
-        return "v3 backward: packed sequences (cu_seqlens) run the v2 backward"
-    return None
+    return None  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
 
 
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,

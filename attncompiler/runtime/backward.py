@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..codegen.v2_bwd import BwdKernelSource, bwd_grids, make_bwd_plan, nq_padded, render_bwd
-from ..codegen.v3_bwd import V3BwdKernelSource, bwd_maps, render_v3_bwd
+from ..codegen.v2_bwd import BwdKernelSource, make_bwd_plan, render_bwd
+from ..codegen.v3_bwd import V3BwdKernelSource, render_v3_bwd
 from ..ir.types import AttentionIR
 from ..plan.model import PlanError
 from ..plan.targets import Target
@@ -27,7 +27,7 @@ from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_p
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .tma import tma_layout_error
 
-__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward", "BWD_SCHEDULES"]
+__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward", "tma_checked_source", "BWD_SCHEDULES"]
 
 BWD_SCHEDULES = ("auto", "v2", "v3")
 
@@ -59,7 +59,7 @@ def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
         if schedule == "auto" and refusal is None and not set(opts) <= set(V3_BWD_OPTIONS):
             refusal = f"plan options {sorted(set(opts) - set(V3_BWD_OPTIONS))} are the v2 backward's"
         if schedule == "v3" or (schedule == "auto" and refusal is None):
-            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, **opts), target)
+            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, **opts), target, varlen=varlen)
         else:
             hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
         with _lock:
@@ -84,6 +84,22 @@ def load_bwd(src: BwdKernelSource | V3BwdKernelSource, device: int) -> dict[str,
     with _lock:
         _loaded[key] = fns
     return fns
+
+
+def tma_checked_source(src: BwdKernelSource | V3BwdKernelSource, ir: AttentionIR, target: Target,
+                       tensors: tuple[tuple[str, torch.Tensor], ...], *, deterministic: bool,
+                       options: Mapping[str, Any] | None, varlen: bool = False) -> BwdKernelSource | V3BwdKernelSource:
+    """``src``, or where it is the v3 backward and TMA cannot describe one of ``tensors`` ((B, H, N, d) views, e.g.
+    heads broadcast by .expand()) the v2 backward; an explicit ``schedule="v3"`` gets an InputError saying why."""
+    if not isinstance(src, V3BwdKernelSource):
+        return src
+    bad = next((e for e in (tma_layout_error(n, t) for n, t in tensors) if e is not None), None)
+    if bad is None:
+        return src
+    if (options or {}).get("schedule") == "v3":
+        raise InputError(f"backward schedule v3: {bad}")
+    return bwd_source(ir, target, deterministic=deterministic, options={**(options or {}), "schedule": "v2"},
+                      varlen=varlen)
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,7 +146,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
                  buffers: Mapping[str, torch.Tensor], *, scale: float, dropout_p: float, seed: int, offset: int,
                  deterministic: bool = False, options: Mapping[str, Any] | None = None,
                  poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of the attention ``ir`` (v2 backward kernels) on torch's current stream.
+    """dq, dk, dv of the attention ``ir`` (the backward :func:`bwd_source` picks) on torch's current stream.
 
     ``poison`` fills every output with NaN before the kernels run (tests: nothing may be left
     unwritten)."""
@@ -153,22 +169,14 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     if dims.Nq == 0 or dims.Nk == 0 or dims.B * dims.H == 0:
         return _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).zero_(), dk.zero_(), dv.zero_()
     src = bwd_source(ir, target, deterministic=deterministic, options=options)
-    if isinstance(src, V3BwdKernelSource):
-        # TMA describes each tensor by its strides; where it cannot (e.g. heads broadcast by .expand()), the
-        # automatic choice takes the v2 backward, an explicit schedule="v3" says why not
-        bad = next((e for e in (tma_layout_error(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("dout", dout)))
-                    if e is not None), None)
-        if bad is not None:
-            if (options or {}).get("schedule") == "v3":
-                raise InputError(f"backward schedule v3: {bad}")
-            src = bwd_source(ir, target, deterministic=deterministic, options={**(options or {}), "schedule": "v2"})
+    src = tma_checked_source(src, ir, target, (("q", q), ("k", k), ("v", v), ("dout", dout)),
+                             deterministic=deterministic, options=options)
     plan = src.plan
     dev_idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     fns = load_bwd(src, dev_idx)
     if poison:
         dk.fill_(fill)
         dv.fill_(fill)
-    v3 = isinstance(src, V3BwdKernelSource)
     atomic = plan.dq_mode == "atomic"
     if atomic:
         dq_accum = torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=q.device, dtype=torch.float32)
@@ -178,7 +186,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
         dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype)
         if poison:
             dq.fill_(fill)
-    nq_pad = src.nq_padded(dims.Nq) if v3 else nq_padded(plan, dims.Nq)  # type: ignore[union-attr, arg-type]
+    nq_pad = src.nq_padded(dims.Nq)
     ws = torch.empty(2, dims.B * dims.H * nq_pad, device=q.device, dtype=torch.float32)
     if poison:
         ws.fill_(fill)
@@ -186,8 +194,8 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     P, Bf = pack_params(q, k, v, out, lse, None, dims, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,
                         ir=ir, buffers=bufs)
     bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad)
-    grids = src.grids(dims) if v3 else bwd_grids(plan, dims)  # type: ignore[union-attr, arg-type]
-    maps = bwd_maps(P, bp, dims, plan.dtype, plan.block_n, plan.block_m) if v3 else None
+    grids = src.grids(dims)
+    maps = src.maps(P, bp, dims)
     with torch.cuda.device(q.device):
         for e in src.entries:
             args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)

@@ -1,4 +1,4 @@
-"""Packed sequences (varlen): input checks and the launches of the v2 forward and backward kernels.
+"""Packed sequences (varlen): input checks and the launches of the forward and backward kernels.
 
 Layout (FlashAttention's varlen API): q (total_q, H, D), k (total_k, H_kv, D), v (total_k, H_kv,
 DV), out (total_q, H, DV), lse (H, total_q) float32; ``cu_seqlens_q`` / ``cu_seqlens_k`` are int32
@@ -11,7 +11,10 @@ each CTA takes the view of its sequence at entry), so the Variant hooks see b = 
 sequence-local q_idx / kv_idx and Q_LEN / KV_LEN of the sequence.  The forward runs the v3 schedule
 when the kernel was compiled with v3 (Hopper) and the copy engine can describe q, k and v (TMA maps over
 (D, total rows, heads): the kernel's plan, one tile per CTA, no score skip), else v2 (the kernel's own
-plan when it was compiled with v2, else the v2 planner's choice).  The backward is v2's.
+plan when it was compiled with v2, else the v2 planner's choice).  The backward is the one
+:func:`~attncompiler.runtime.backward.bwd_source` picks for ``varlen=True``: on sm_90 at head dims 64 / 128 the
+v3 backward (TMA maps over the packed rows, each CTA in its sequence's view), where TMA can describe q, k, v
+and dO; else v2's.
 
 :func:`check_varlen` copies the two cu_seqlens to the host (one device sync each) to check that they
 are monotone and consistent with the tensors -- an inconsistent cu_seqlens would otherwise become
@@ -30,7 +33,6 @@ from typing import Any, Mapping
 import torch
 
 from ..codegen.schedule import KernelSource, get_schedule
-from ..codegen.v2_bwd import bwd_grids, nq_padded
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from .compiler import LoadedKernel, compile_kernel
@@ -331,9 +333,9 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         dropout_p: float, seed: int, offset: int, deterministic: bool = False,
                         options: Mapping[str, Any] | None = None,
                         poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (v2
-    backward kernels rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
-    from .backward import bwd_params, bwd_source, load_bwd
+    """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (the backward
+    kernels :func:`bwd_source` picks, rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
+    from .backward import bwd_params, bwd_source, load_bwd, tma_checked_source
 
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     want = (vi.total_q, vi.H, vi.DV)
@@ -358,13 +360,16 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     if vi.total_q == 0 or vi.total_k == 0 or vi.H == 0:
         return torch.zeros(vi.total_q, vi.H, vi.D, device=q.device, dtype=q.dtype), dk.zero_(), dv.zero_()
     src = bwd_source(ir, target, deterministic=deterministic, options=options, varlen=True)
+    src = tma_checked_source(src, ir, target, tuple((n, _as4(t)) for n, t in (("q", q), ("k", k), ("v", v),
+                                                                            ("dout", dout))),
+                             deterministic=deterministic, options=options, varlen=True)
     plan = src.plan
     fns = load_bwd(src, _dev_index(q))
     atomic = plan.dq_mode == "atomic"
     dq_accum = torch.zeros(vi.total_q * vi.H * vi.D, device=q.device, dtype=torch.float32) if atomic else None
     dq = None if atomic else alloc(vi.total_q, vi.H, vi.D)
     dims = vi.launch_dims()
-    nq_pad = nq_padded(plan, vi.max_q)
+    nq_pad = src.nq_padded(vi.max_q)
     ws = alloc(2, vi.B * vi.H * nq_pad, dtype=torch.float32)
     bufs = prepare_buffers(ir, buffers, q.device)
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -372,14 +377,15 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         seed=seed, offset=offset, ir=ir, buffers=bufs)
     _set_cu(P, cu_q, cu_k)
     bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad)
-    grids = bwd_grids(plan, dims)
+    grids = src.grids(dims)
+    maps = src.maps(P, bp, dims, packed_rows=(vi.total_q, vi.total_k))
     from .launch import launch_structs
 
     with torch.cuda.device(q.device):
         for e in src.entries:
             if grids[e][0] == 0:
                 continue
-            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf)
+            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
             launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
     # Sequences with keys but no queries: the dK/dV kernels skip them; their gradients are 0.
     idle = [b for b in range(vi.B) if vi.cu_q[b + 1] == vi.cu_q[b] and vi.cu_k[b + 1] > vi.cu_k[b]]

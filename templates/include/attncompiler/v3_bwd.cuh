@@ -1,6 +1,7 @@
 // attncompiler/v3_bwd.cuh -- Hopper (sm_90a) backward, dK / dV / dQ kernel: TMA + wgmma + warp specialization.
 //
-// Grid (ceil(Nk / BLOCK_N), B * H_kv). A CTA owns BLOCK_N = 64 * NC keys of one (batch, kv head) and walks the
+// Grid (ceil(Nk / BLOCK_N), B * H_kv); packed sequences (Cfg::VARLEN): B sequences, Nk the longest, each CTA
+// in the view of its sequence (varlen.cuh, taken by the entry) with TMA rows from V3BwdRows. A CTA owns BLOCK_N = 64 * NC keys of one (batch, kv head) and walks the
 // query blocks (BLOCK_M = 64 rows) of every query head of the group, as the v2 backward's dK/dV kernel
 // (v2_bwd.cuh: same walk, same rotation of the start block, same EMPTY-tile skip, same elementwise code).
 //   * warpgroup 0, the producer (setmaxnreg.dec): one thread copies K and V of the CTA once, then Q_i, dO_i
@@ -90,6 +91,23 @@ struct V3BwdLayout {
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles (the 128-byte swizzle's atom)");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
+};
+
+// TMA coordinates of the CTA's rows: padded -- the batch index; packed sequences (Cfg::VARLEN, the maps span
+// (head dim, total rows, heads, 1)) -- the sequence's first query / key row. A sequence's last blocks then read
+// the next sequence's first rows: the masked elementwise pass zeroes P and dS past p.Nq / p.Nk (the view's own
+// lengths), and no dQ, dK or dV row past them is stored.
+template <class Cfg>
+struct V3BwdRows {
+  int q_start = 0, k_start = 0, batch = 0;
+  __device__ __forceinline__ V3BwdRows(const AttnParams& p, int b) {
+    if constexpr (Cfg::VARLEN) {
+      q_start = p.cu_seqlens_q[b];
+      k_start = p.cu_seqlens_k[b];
+    } else {
+      batch = b;
+    }
+  }
 };
 
 // The CTA's walk over (query head of the group, query block) pairs, as v2_bwd_kv's: start block rotated by
@@ -209,11 +227,14 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     if (warp == 0 && lane == 0) {
       tma_prefetch_desc(&maps.q);
       tma_prefetch_desc(&maps.dout);
+      const V3BwdRows<Cfg> rows(p, b);
       mbar_arrive_expect_tx(barKV, L::kKBytes + L::kVBytes);
 #pragma unroll
-      for (int c = 0; c < L::DB; ++c) tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, kv0, h_kv, b, barKV);
+      for (int c = 0; c < L::DB; ++c)
+        tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, rows.k_start + kv0, h_kv, rows.batch, barKV);
 #pragma unroll
-      for (int c = 0; c < L::DVB; ++c) tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, kv0, h_kv, b, barKV);
+      for (int c = 0; c < L::DVB; ++c)
+        tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, rows.k_start + kv0, h_kv, rows.batch, barKV);
       int i = 0;
       for (int it = walk.next(0, p, buf); it < walk.total; it = walk.next(it + 1, p, buf), ++i) {
         const int s = i % STAGES;
@@ -222,9 +243,11 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         walk.coords(it, h, q0);
         mbar_arrive_expect_tx(full(s), L::kStageBytes + 2 * L::kRowBytes);
 #pragma unroll
-        for (int c = 0; c < L::DB; ++c) tma_load_4d(s_q(s) + c * BM * 128, &maps.q, c * 64, q0, h, b, full(s));
+        for (int c = 0; c < L::DB; ++c)
+          tma_load_4d(s_q(s) + c * BM * 128, &maps.q, c * 64, rows.q_start + q0, h, rows.batch, full(s));
 #pragma unroll
-        for (int c = 0; c < L::DVB; ++c) tma_load_4d(s_do(s) + c * BM * 128, &maps.dout, c * 64, q0, h, b, full(s));
+        for (int c = 0; c < L::DVB; ++c)
+          tma_load_4d(s_do(s) + c * BM * 128, &maps.dout, c * 64, rows.q_start + q0, h, rows.batch, full(s));
         const long long row = (long long)(b * p.H + h) * bp.Nq_pad + q0;  // rows padded to Nq_pad: in bounds
         bulk_copy_g2s(s_rows(s), bp.lse2 + row, L::kRowBytes, full(s));
         bulk_copy_g2s(s_rows(s) + L::kRowBytes, bp.dsum + row, L::kRowBytes, full(s));
