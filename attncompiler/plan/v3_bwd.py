@@ -43,12 +43,11 @@ PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
 V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer")
-DQ_REDS = (0, 1, 2, 3)  # 8-byte reds from registers; staged + 16-byte reds; staged + bulk; pair-exchanged 16-byte
+DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + bulk reductions
 DQ_RED_WHY = {  # measured on an H100, 2026-11-27 (docs/backward.md): d128 / d128 causal / d64 backward TFLOP/s
     0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100)",
     1: "staged per warp, 16-byte reds covering whole rows (the fastest: 461 / 403 / 311 TFLOP/s, H100)",
     2: "staged per warp, one bulk TMA reduction per row (422 / 372 / 302 TFLOP/s, H100)",
-    3: "16-byte reds from registers after a pair exchange by shuffle (no staging area)",
 }  # plan_v3_bwd's keyword options
 SMEM_LIMIT_SM90 = 232448  # 227 KB per block (opt-in) on sm_90
 ALIGN_SLACK = 1024     # the dynamic shared memory base is only 16-byte aligned; tiles need 1024
@@ -89,7 +88,7 @@ def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int 
     rows = stages * 2 * BLOCK_M * 4
     bars = 8 * (1 + 2 * stages)
     dq_chunk = min(d // consumers if dq_split_n else d, DQ_CHUNK)
-    staging = consumers * 4 * 16 * (dq_chunk + 4) * 4 if dq_red in (1, 2) else 0  # 16 dQ rows per consumer warp
+    staging = consumers * 4 * 16 * (dq_chunk + 4) * 4 if dq_red else 0  # 16 dQ rows per consumer warp
     return ALIGN_SLACK + kv + stages * stage + ds + rows + staging + bars
 
 
@@ -163,7 +162,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     f"{regs['gemm']}) + overhead {REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[nc]}",
                     f"smem = 1024 + K,V {64 * nc}x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T tiles + rows"
                     + (f" + staged dQ {4 * nc} warps x 16 x {min(d // nc if split else d, DQ_CHUNK) + 4} fp32"
-                       if dq_red in (1, 2) else "") + f" = {smem} B",
+                       if dq_red else "") + f" = {smem} B",
                     "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
                              f"split by keys: {nc} fp32 reds per element per step")
                     + f"; {DQ_RED_WHY[dq_red]}"

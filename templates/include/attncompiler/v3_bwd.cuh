@@ -70,12 +70,9 @@ struct V3BwdLayout {
   static constexpr int DQ_N = kSplitN ? D / NC : D;  // dQ columns per warpgroup
   static constexpr int DQ_K = kSplitN ? BN : 64;     // keys per warpgroup's dQ product
   static constexpr int DQ_CHUNK = DQ_N < 64 ? DQ_N : 64;  // dQ columns per wgmma (one box of K)
-  // 0: 8-byte reds from registers; 1: staged, 16-byte reds; 2: staged, bulk; 3: 16-byte reds from registers after a
-  // pair exchange (atomic_add_c_tile<4>: lanes t and t^1 swap half rows by shuffle)
-  static constexpr int DQ_RED = Cfg::DQ_RED;
-  static constexpr bool kDqStaged = DQ_RED == 1 || DQ_RED == 2;
+  static constexpr int DQ_RED = Cfg::DQ_RED;  // 0: 8-byte reds from registers; 1: staged, 16-byte reds; 2: staged, bulk
   static constexpr int kDqRowFloats = DQ_CHUNK + 4;  // staged row stride (16 bytes of padding: fewer bank conflicts)
-  static constexpr int kDqStageBytes = kDqStaged ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
+  static constexpr int kDqStageBytes = DQ_RED ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
   static constexpr int kBarOffset = kDqStageOffset + kDqStageBytes;
   static constexpr int kNumBars = 1 + 2 * STAGES;
   static constexpr int kAlignSlack = 1024;  // dynamic shared memory is only 16-byte aligned
@@ -89,8 +86,8 @@ struct V3BwdLayout {
   static_assert(!kSplitN || (DQ_N % 64 == 0 || 64 % DQ_N == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole "
                 "boxes of K or a part of one box (an MN-major B operand may start 16-byte aligned inside the row)");
   static_assert(DQ_N % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ in whole chunks of at most one box");
-  static_assert(DQ_RED >= 0 && DQ_RED <= 3 && (DQ_RED != 1 || 32 % (DQ_CHUNK / 4) == 0),
-                "DQ_RED 0..3; staged 16-byte reds: whole rows per warp instruction");
+  static_assert(DQ_RED >= 0 && DQ_RED <= 2 && (DQ_RED != 1 || 32 % (DQ_CHUNK / 4) == 0),
+                "DQ_RED 0..2; 16-byte reds: whole rows per warp instruction");
   static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "1024-byte aligned tiles (the 128-byte swizzle's atom)");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
@@ -328,15 +325,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
       }
       // dQ rows q0 + 16 warp_wg + g (+ 8), columns col0 + c DQ_CHUNK + 8 nt + 2t (+ 1).
-      if constexpr (L::DQ_RED == 3) {
-        const int lrow = q0 + 16 * warp_wg + atomic_add_lane_row<4>();
-        float* lp = gdq - 2 * t + (long long)lrow * D + c * L::DQ_CHUNK + atomic_add_lane_col<4>();
-#pragma unroll
-        for (int nt = 0; nt < L::DQ_CHUNK / 8; ++nt) {
-          const float(&tile)[4] = *reinterpret_cast<const float(*)[4]>(&acc_dq[4 * nt]);
-          atomic_add_c_tile<4, true>(lp + nt * 8, D, lrow, p.Nq, tile);
-        }
-      } else if constexpr (L::DQ_RED == 0) {
+      if constexpr (L::DQ_RED == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = q0 + 16 * warp_wg + g + 8 * hf;
