@@ -6,6 +6,7 @@ and keep the v2 backward checked on Hopper, where the automatic choice no longer
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -60,6 +61,9 @@ def _precompile():
             ir = build_ir(_spec(name, d))
             for opts in ({"schedule": "v2"}, {}):
                 jobs.append((bwd_source(ir, tgt, options=opts).source, tgt.nvrtc_arch))
+    for d, dv in _ODD_DIMS:
+        spec = dataclasses.replace(presets.causal(d), head_dim_v=dv)
+        jobs.append((bwd_source(build_ir(spec), tgt).source, tgt.nvrtc_arch))
     for opts in _OPTION_SETS:
         for d in (64, 128):
             for name in ("causal", "document"):
@@ -88,7 +92,34 @@ def test_auto_backward_is_v3_on_hopper(head_dim):
     assert "schedule v3 backward" in src and "wgmma.mma_async" in src
     # deterministic dQ and head dims v3 cannot tile stay on v2
     assert "schedule v2 backward" in ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
-    assert "schedule v2 backward" in ac.compile(presets.causal(96)).backward_source()
+    assert "schedule v2 backward" in ac.compile(presets.causal(256)).backward_source()
+    assert "schedule v3 backward" in ac.compile(presets.causal(96)).backward_source()
+
+
+# (D, DV) pairs that are not whole 64-column boxes: rows of ceil(d / 64) boxes zero-filled past d; dQ in chunks of
+# 32 or 16 columns (an MN-major K operand starting 32 / 64 / 96 bytes into its swizzled row); D = 32 splits dQ by
+# columns (16 per warpgroup), the others by keys.
+_ODD_DIMS = ((96, 96), (32, 32), (80, 80), (16, 16), (48, 48), (112, 112), (128, 96), (96, 64), (64, 96), (128, 64))
+
+
+@needs_hopper
+@pytest.mark.parametrize("dims", _ODD_DIMS, ids=lambda x: f"{x[0]}x{x[1]}")
+def test_v3_head_dims_not_multiples_of_64(dims):
+    d, dv = dims
+    for name, dtype, n in (("causal", "bf16", 113), ("plain", "fp16", 1023), ("alibi_causal", "bf16", 300),
+                           ("dropout", "bf16", 257)):
+        if name == "alibi_causal":
+            spec = presets.alibi(presets.alibi_slopes(H), d, dtype=dtype, causal=True)
+        elif name == "dropout":
+            spec = ac.AttentionSpec(head_dim=d, dtype=dtype, dropout_p=0.2, causal=True, name="dropout")
+        else:
+            spec = presets.get_preset(name, head_dim=d, dtype=dtype)
+        spec = dataclasses.replace(spec, head_dim_v=dv)
+        kern = _kernel(spec)
+        assert "schedule v3 backward" in kern.backward_source(), (dims, name)
+        assert (r := check_kernel_grads(kern, 2, H, n, H_kv=1 if name == "plain" else None)).ok, f"{dims} {name}: {r}"
+        if name == "causal":
+            assert (r := check_kernel_grads(kern, 1, H, 300, 77, use_lse=True)).ok, f"{dims} cross lse: {r}"
 
 
 _OPTION_SETS = ({"consumers": 1}, {"stages": 3}, {"consumers": 1, "stages": 4}, {"dq_split_n": False},

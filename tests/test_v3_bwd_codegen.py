@@ -2,6 +2,7 @@
 runtime picks, rendering of every preset and example, and nvcc compilation for sm_90a."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +15,7 @@ from attncompiler.codegen.v3_bwd import V3BwdKernelSource, render_v3_bwd
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError, ProblemDims
 from attncompiler.plan.targets import get_target
-from attncompiler.plan.v3_bwd import (CONSUMER_REGS, plan_v3_bwd, v3_bwd_refusal, v3_bwd_register_estimate,
+from attncompiler.plan.v3_bwd import (CONSUMER_REGS, dq_chunk, plan_v3_bwd, v3_bwd_refusal, v3_bwd_register_estimate,
                                       v3_bwd_smem_bytes)
 from attncompiler.runtime.backward import bwd_source
 from attncompiler.runtime.compiler import compile_with_nvcc
@@ -49,8 +50,13 @@ def test_plan_rejections_carry_numbers():
     k_split = plan_v3_bwd(ProblemDims(128), SM90, dq_split_n=False)  # dQ in two 64-column chunks: 232 registers
     assert (k_split.dq_split_n, k_split.est_registers_per_thread) == (False, 232)
     assert plan_v3_bwd(ProblemDims(128), SM90, consumers=1).block_n == 64
-    with pytest.raises(PlanError, match="multiple of 64 and <= 128.*got 96"):
-        plan_v3_bwd(ProblemDims(96), SM90)
+    with pytest.raises(PlanError, match="multiple of 16 and <= 128.*got 88"):
+        plan_v3_bwd(ProblemDims(88), SM90)
+    odd = plan_v3_bwd(ProblemDims(96), SM90)  # 48 columns per warpgroup would straddle a box: dQ split by keys
+    assert (odd.dq_split_n, dq_chunk(96, 2, False), odd.smem_bytes) == (False, 32, v3_bwd_smem_bytes(96, 96, 2, 2, 1, False))
+    assert "rejected consumers=2, dq_split_n: D=96 does not split" in odd.describe()
+    assert plan_v3_bwd(ProblemDims(32), SM90).dq_split_n and dq_chunk(32, 2, True) == 16
+    assert dq_chunk(80, 2, False) == 16 and dq_chunk(128, 2, True) == 64
     with pytest.raises(PlanError, match="got 256"):
         plan_v3_bwd(ProblemDims(256), SM90)
     with pytest.raises(PlanError, match="needs sm_90a, got sm_80"):
@@ -75,7 +81,8 @@ def test_refusals():
     assert v3_bwd_refusal(ProblemDims(128), SM90, varlen=True) is None  # packed sequences run v3 too
     assert "deterministic" in v3_bwd_refusal(ProblemDims(64), SM90, deterministic=True, varlen=True)
     assert "sm_90a" in v3_bwd_refusal(ProblemDims(64), "sm_89")
-    assert "DV" in v3_bwd_refusal(ProblemDims(128, 96), SM90)
+    assert v3_bwd_refusal(ProblemDims(128, 96), SM90) is None
+    assert "DV" in v3_bwd_refusal(ProblemDims(128, 136), SM90) and "D " in v3_bwd_refusal(ProblemDims(72), SM90)
 
 
 def test_runtime_picks_the_backward():
@@ -91,9 +98,10 @@ def test_runtime_picks_the_backward():
     assert isinstance(bwd_source(ir, SM90, options={"block_m": 64}), BwdKernelSource)  # a v2 plan option
     assert isinstance(bwd_source(ir, get_target("sm_80")), BwdKernelSource)
     assert bwd_source(ir, SM90, options={"stages": 3}).plan.stages == 3
-    assert isinstance(bwd_source(build_ir(presets.causal(96)), SM90), BwdKernelSource)
-    with pytest.raises(PlanError, match="multiple of 64"):
-        bwd_source(build_ir(presets.causal(96)), SM90, options={"schedule": "v3"})
+    assert isinstance(bwd_source(build_ir(presets.causal(96)), SM90), V3BwdKernelSource)
+    assert isinstance(bwd_source(build_ir(presets.causal(256)), SM90), BwdKernelSource)
+    with pytest.raises(PlanError, match=r"multiple of 16 and <= 128 .*got 256"):
+        bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"})
     with pytest.raises(PlanError, match="expected one of"):
         bwd_source(ir, SM90, options={"schedule": "v9"})
     with pytest.raises(PlanError, match=r"expected plan options among .*got \['block_m'\]"):
@@ -168,6 +176,8 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
     jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
     jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
     jobs["causal dq_split_n=False"] = _render(presets.causal(head_dim), dq_split_n=False).source
+    for d, dv in ((96, 96), (32, 32), (80, 80), (128, 96), (96, 64)) if head_dim == 128 else ((48, 48), (16, 16)):
+        jobs[f"causal D={d} DV={dv}"] = _render(dataclasses.replace(presets.causal(d), head_dim_v=dv)).source
     for name in ("causal", "document", "alibi"):  # packed sequences (the view of each CTA's sequence)
         if name in jobs:
             jobs[f"{name} varlen"] = _render(_all_specs(head_dim)[name], varlen=True).source
@@ -192,8 +202,8 @@ def test_cli_show_backward_prints_what_backward_runs(capsys):
     assert "schedule v2 backward" in capsys.readouterr().out
     assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "64", "--option", "stages=3"]) == 0
     assert "3 Q/dO stages" in capsys.readouterr().out
-    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96", "--option", "schedule=v3"]) != 0
-    assert "multiple of 64" in capsys.readouterr().err
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256", "--option", "schedule=v3"]) != 0
+    assert "multiple of 16 and <= 128" in capsys.readouterr().err
 
 
 def test_cli_plan_backward_explains_the_choice(capsys):
@@ -203,8 +213,11 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     out = capsys.readouterr().out
     assert "v3_bwd plan for sm_90" in out and "registers ~ dK+dV 128" in out and "200744 B" in out
     assert "16-byte reds" in out and "deferred one step" in out and "not used" not in out
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 16 and <= 128" in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96"]) == 0
     out = capsys.readouterr().out
-    assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 64" in out
+    assert "v3_bwd plan" in out and "keys split over the warpgroups" in out and "D=96 does not split" in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--deterministic"]) == 0
     assert "not used: v3 backward adds dQ with fp32 reds" in capsys.readouterr().out

@@ -5,15 +5,17 @@ Facts of the kernel as module constants:
 * A CTA is one producer warpgroup (TMA copies) and ``consumers`` consumer warpgroups of 64 keys each
   (wgmma's M), so BLOCK_N = 64 * consumers keys per CTA; every step takes BLOCK_M = 64 query rows (the
   N of S^T / dP^T, the K of dV / dK, the M of dQ, one 128-byte row of the dS^T tile).
-* Head dims are whole 64-column TMA boxes (128 bytes, the 128-byte swizzle's row) and at most 128: each
-  consumer thread keeps D/2 + DV/2 fp32 of dK and dV in registers for the whole walk.
+* Head dims are multiples of 16 (wgmma's k16 steps and n) and at most 128: each consumer thread keeps D/2 +
+  DV/2 fp32 of dK and dV in registers for the whole walk.  A row of Q, K, V or dO is ceil(d/64) 64-column TMA
+  boxes (128 bytes, the 128-byte swizzle's row), zero-filled past d (d = 96 takes d = 128's shared memory).
 * Registers per consumer thread: dK + dV, then either S^T + dP^T (32 + 32 fp32 while the elementwise
   code runs) or the P^T / dS^T fragments (2 * 16 registers) + the dQ accumulator (DQ_N/2 fp32), plus
   :data:`REG_OVERHEAD`; it must fit :data:`CONSUMER_REGS` (setmaxnreg; 24 for the producer).
 * Shared memory: K and V of the CTA, ``stages`` x (Q, dO) tiles, two dS^T tiles (BLOCK_N x 64, double
   buffered), ``stages`` x (lse2, dsum) rows, mbarriers, and 1024 bytes of alignment slack.
 * dQ: ``dq_split_n`` -- warpgroup w multiplies dS (all BLOCK_N keys) by its D/consumers columns of K (at
-  D = 64: 32 columns, an MN-major B operand starting inside the 128-byte swizzled row)
+  D = 64: 32 columns, an MN-major B operand starting inside the 128-byte swizzled row; only where those
+  columns are whole boxes or a part of one: D = 32, 64, 128)
   (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
   (``consumers`` reds per element).  Both add into the fp32 accumulator the v2 backward's atomic mode
   uses, so the v3 backward is never deterministic (``deterministic=True`` runs the v2 backward).
@@ -29,14 +31,16 @@ from .model import Plan, PlanError, resolve_dims, resolve_target
 from .targets import Target
 from .v2_bwd import PRE_ROWS, PRE_WARPS
 
-__all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "v3_bwd_register_estimate", "v3_bwd_refusal",
+__all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "v3_bwd_register_estimate", "v3_bwd_refusal",
            "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD", "STAGES", "V3_BWD_OPTIONS"]
 
 BLOCK_M = 64           # query rows per step (see the module docstring)
 WGMMA_M = 64           # keys per consumer warpgroup
 BOX_COLS = 64          # 64 x 2 bytes: one TMA box row of the 128-byte swizzle
-DQ_CHUNK = 64          # dQ columns per wgmma (one box of K): one 32-fp32 accumulator live at a time
+DQ_CHUNKS = (64, 32, 16)  # dQ columns per wgmma: the largest dividing the warpgroup's columns (no chunk
+                          # straddles a 64-column box of K); one accumulator of chunk/2 fp32 live at a time
 MAX_HEAD_DIM = 128     # dK and dV stay in registers
+HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ chunks)
 CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
 STAGES = (2, 3, 4)     # Q / dO stages, preferred first (2 measured enough: the walk is GEMM-bound)
 PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
@@ -78,6 +82,12 @@ class V3BwdPlan(Plan):
         return lines
 
 
+def dq_chunk(d: int, consumers: int, dq_split_n: bool) -> int:
+    """dQ columns per wgmma (V3BwdLayout::DQ_CHUNK)."""
+    n = d // consumers if dq_split_n else d
+    return next(c for c in DQ_CHUNKS if n % c == 0)
+
+
 def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int = 1, dq_split_n: bool = True) -> int:
     """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes)."""
     bn = WGMMA_M * consumers
@@ -87,18 +97,16 @@ def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int 
     ds = 2 * bn * 128
     rows = stages * 2 * BLOCK_M * 4
     bars = 8 * (1 + 2 * stages)
-    dq_chunk = min(d // consumers if dq_split_n else d, DQ_CHUNK)
-    staging = consumers * 4 * 16 * (dq_chunk + 4) * 4 if dq_red else 0  # 16 dQ rows per consumer warp
+    staging = consumers * 4 * 16 * (dq_chunk(d, consumers, dq_split_n) + 4) * 4 if dq_red else 0  # 16 rows a warp
     return ALIGN_SLACK + kv + stages * stage + ds + rows + staging + bars
 
 
 def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool) -> dict[str, int]:
     """Registers per consumer thread (a ranking model, not ptxas): the peak of the elementwise phase and of
     the GEMM phase on top of dK and dV."""
-    dq_chunk = min(d // consumers if dq_split_n else d, DQ_CHUNK)
     kv = d // 2 + dv // 2
     elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
-    gemm = 2 * (BLOCK_M // 16) * 4 + dq_chunk // 2  # P^T and dS^T A fragments + one dQ chunk's accumulator
+    gemm = 2 * (BLOCK_M // 16) * 4 + dq_chunk(d, consumers, dq_split_n) // 2  # A fragments + one dQ chunk
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
             "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
 
@@ -111,9 +119,9 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
         return f"v3 backward needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only)"
     dims = resolve_dims(ir_or_dims)
     for label, x in (("D", dims.head_dim), ("DV", dims.head_dim_v)):
-        if x % BOX_COLS or x > MAX_HEAD_DIM:
-            return (f"v3 backward: expected {label} a multiple of {BOX_COLS} and <= {MAX_HEAD_DIM} (whole 128-byte "
-                    f"TMA boxes, dK/dV in registers), got {x}")
+        if x % HEAD_DIM_STEP or x > MAX_HEAD_DIM:
+            return (f"v3 backward: expected {label} a multiple of {HEAD_DIM_STEP} and <= {MAX_HEAD_DIM} (wgmma k16 "
+                    f"steps, dK/dV in registers), got {x}")
     if deterministic:
         return "v3 backward adds dQ with fp32 reds; deterministic=True needs the v2 backward's separate dQ pass"
     return None  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
@@ -161,7 +169,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     f"registers ~ dK+dV {regs['dk_dv']} + max(S^T+dP^T {regs['elementwise']}, fragments+dQ "
                     f"{regs['gemm']}) + overhead {REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[nc]}",
                     f"smem = 1024 + K,V {64 * nc}x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T tiles + rows"
-                    + (f" + staged dQ {4 * nc} warps x 16 x {min(d // nc if split else d, DQ_CHUNK) + 4} fp32"
+                    + (f" + staged dQ {4 * nc} warps x 16 x {dq_chunk(d, nc, split) + 4} fp32"
                        if dq_red else "") + f" = {smem} B",
                     "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
                              f"split by keys: {nc} fp32 reds per element per step")

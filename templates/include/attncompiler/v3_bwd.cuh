@@ -53,8 +53,8 @@ struct V3BwdLayout {
   static constexpr int NC = Cfg::NC;
   static constexpr int STAGES = Cfg::STAGES;
   static constexpr int NTHREADS = 128 * (NC + 1);
-  static constexpr int DB = D / 64;
-  static constexpr int DVB = DV / 64;
+  static constexpr int DB = (D + 63) / 64;    // 64-column boxes per row (TMA zero-fills the columns past D)
+  static constexpr int DVB = (DV + 63) / 64;
   static constexpr int kKBytes = BN * DB * 128;
   static constexpr int kVBytes = BN * DVB * 128;
   static constexpr int kQBytes = BM * DB * 128;
@@ -69,7 +69,8 @@ struct V3BwdLayout {
   static constexpr bool kSplitN = Cfg::DQ_SPLIT_N;
   static constexpr int DQ_N = kSplitN ? D / NC : D;  // dQ columns per warpgroup
   static constexpr int DQ_K = kSplitN ? BN : 64;     // keys per warpgroup's dQ product
-  static constexpr int DQ_CHUNK = DQ_N < 64 ? DQ_N : 64;  // dQ columns per wgmma (one box of K)
+  // dQ columns per wgmma: the largest of 64 / 32 / 16 dividing DQ_N, so no chunk straddles a 64-column box of K
+  static constexpr int DQ_CHUNK = DQ_N % 64 == 0 ? 64 : DQ_N % 32 == 0 ? 32 : 16;
   static constexpr int DQ_RED = Cfg::DQ_RED;  // 0: 8-byte reds from registers; 1: staged, 16-byte reds; 2: staged, bulk
   static constexpr int kDqRowFloats = DQ_CHUNK + 4;  // staged row stride (16 bytes of padding: fewer bank conflicts)
   static constexpr int kDqStageBytes = DQ_RED ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
@@ -80,8 +81,8 @@ struct V3BwdLayout {
 
   static_assert(BM == 64, "BLOCK_M = 64: the N of S^T / dP^T, the K of dV / dK, the M of dQ (one 128-byte row of dS^T)");
   static_assert(BN == 64 * NC && (NC == 1 || NC == 2), "each consumer warpgroup owns 64 keys (1 or 2 of them)");
-  static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 128 && DV <= 128,
-                "head dims: whole 64-column boxes, at most 128 (dK and dV stay in registers)");
+  static_assert(D % 16 == 0 && DV % 16 == 0 && D <= 128 && DV <= 128,
+                "head dims: multiples of 16 (wgmma k16 steps / n), at most 128 (dK and dV stay in registers)");
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
   static_assert(!kSplitN || (DQ_N % 64 == 0 || 64 % DQ_N == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole "
                 "boxes of K or a part of one box (an MN-major B operand may start 16-byte aligned inside the row)");
@@ -297,22 +298,24 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     const unsigned int sDS = base + L::kDSOffset + (j & 1) * L::kDSBytes;
     if constexpr (kCross && Cfg::DQ_DEFER) named_bar_sync(bar_ready(other, j & 1), 256);
     const unsigned int a0 = L::kSplitN ? sDS : sDS + wg * 64 * 128;
-    // B = K, MN-major: DQ_SPLIT_N starts at column wg * DQ_N (box (wg DQ_N) / 64, then 2 bytes a column inside
-    // the 128-byte row), else at the warpgroup's first key row of box 0
-    const unsigned int b0 = L::kSplitN ? sK + (wg * L::DQ_N / 64) * BN * 128 + (wg * L::DQ_N % 64) * 2
-                                       : sK + wg * 64 * 128;
+    // B = K, MN-major, from the warpgroup's first dQ column col0 (DQ_SPLIT_N: wg * DQ_N, else 0) over the keys of
+    // the product (DQ_SPLIT_N: all BLOCK_N, else the warpgroup's own 64 key rows); chunk c starts at column
+    // col0 + c DQ_CHUNK: box (column / 64), then 2 bytes a column inside the 128-byte row (chunks never straddle a box)
+    const unsigned int krow0 = L::kSplitN ? sK : sK + wg * 64 * 128;
     const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
-    const unsigned long long dkt = opaque_u64(wgmma_desc_sw128(b0, BN * 128, 1024));
     const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
     float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
 #pragma unroll
     for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
+      const int col = col0 + c * L::DQ_CHUNK;
+      const unsigned long long dkt =
+          opaque_u64(wgmma_desc_sw128(krow0 + (col >> 6) * BN * 128 + (col & 63) * 2, BN * 128, 1024));
       float acc_dq[L::DQ_CHUNK / 2];
       reg_fence(acc_dq);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < L::DQ_K / 16; ++kk) {
-        wgmma_bwd_dq(acc_dq, dds + ((kk * 16 * 128) >> 4), dkt + ((c * BN * 128 + kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+        wgmma_bwd_dq(acc_dq, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
