@@ -150,7 +150,7 @@ def _ints(text: str, n: int, what: str) -> tuple[int, ...]:
 
 def _cmd_plan_backward(args) -> int:
     from .ir.build import build_ir, format_ir
-    from .plan.v3_bwd import v3_bwd_refusal
+    from .plan.v3_bwd import v3_bwd_auto_refusal
     from .runtime.backward import bwd_source
 
     spec = load_spec(args.spec, head_dim=args.head_dim, dtype=args.dtype, num_heads=args.heads, seqlen=args.seqlen)
@@ -161,7 +161,7 @@ def _cmd_plan_backward(args) -> int:
     print(format_ir(ir))
     print()
     print(src.plan.describe())
-    refusal = v3_bwd_refusal(ir, tgt, deterministic=args.deterministic)
+    refusal = v3_bwd_auto_refusal(ir, tgt, deterministic=args.deterministic)
     if src.plan.schedule != "v3_bwd":
         why = refusal or f"asked for {opts.get('schedule', 'auto')!r} with options {sorted(opts)}"
         print(f"\nv3 backward not used: {why}")

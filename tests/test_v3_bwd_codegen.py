@@ -15,8 +15,8 @@ from attncompiler.codegen.v3_bwd import V3BwdKernelSource, render_v3_bwd
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError, ProblemDims
 from attncompiler.plan.targets import get_target
-from attncompiler.plan.v3_bwd import (CONSUMER_REGS, dq_chunk, plan_v3_bwd, v3_bwd_refusal, v3_bwd_register_estimate,
-                                      v3_bwd_smem_bytes)
+from attncompiler.plan.v3_bwd import (CONSUMER_REGS, dq_chunk, plan_v3_bwd, v3_bwd_auto_refusal, v3_bwd_refusal,
+                                      v3_bwd_register_estimate, v3_bwd_smem_bytes)
 from attncompiler.runtime.backward import bwd_source
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
@@ -83,6 +83,13 @@ def test_refusals():
     assert "sm_90a" in v3_bwd_refusal(ProblemDims(64), "sm_89")
     assert v3_bwd_refusal(ProblemDims(128, 96), SM90) is None
     assert "DV" in v3_bwd_refusal(ProblemDims(128, 136), SM90) and "D " in v3_bwd_refusal(ProblemDims(72), SM90)
+    # v3 runs at D = 16 / 32, but "auto" keeps v2 there (measured slower); from 48 up it takes v3
+    assert v3_bwd_refusal(ProblemDims(32), SM90) is None and v3_bwd_refusal(ProblemDims(128, 16), SM90) is None
+    assert "measured slower than v2" in v3_bwd_auto_refusal(ProblemDims(32), SM90)
+    assert "D=128, DV=16" in v3_bwd_auto_refusal(ProblemDims(128, 16), SM90)
+    assert v3_bwd_auto_refusal(ProblemDims(48), SM90) is None and v3_bwd_auto_refusal(ProblemDims(96, 64), SM90) is None
+    assert isinstance(bwd_source(build_ir(presets.causal(32)), SM90), BwdKernelSource)
+    assert isinstance(bwd_source(build_ir(presets.causal(32)), SM90, options={"schedule": "v3"}), V3BwdKernelSource)
 
 
 def test_runtime_picks_the_backward():

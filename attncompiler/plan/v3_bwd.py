@@ -32,7 +32,8 @@ from .targets import Target
 from .v2_bwd import PRE_ROWS, PRE_WARPS
 
 __all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "v3_bwd_register_estimate", "v3_bwd_refusal",
-           "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD", "STAGES", "V3_BWD_OPTIONS"]
+           "v3_bwd_auto_refusal", "AUTO_MIN_HEAD_DIM", "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD",
+           "STAGES", "V3_BWD_OPTIONS"]
 
 BLOCK_M = 64           # query rows per step (see the module docstring)
 WGMMA_M = 64           # keys per consumer warpgroup
@@ -41,6 +42,9 @@ DQ_CHUNKS = (64, 32, 16)  # dQ columns per wgmma: the largest dividing the warpg
                           # straddles a 64-column box of K); one accumulator of chunk/2 fp32 live at a time
 MAX_HEAD_DIM = 128     # dK and dV stay in registers
 HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ chunks)
+AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n32 dQ chunks and tiny GEMMs lose)
+AUTO_MIN_HEAD_DIM_WHY = ("H200, 2026-11-27, N = 16k backward TFLOP/s v3 / v2: d16 156 / 191, d32 252 / 273, "
+                         "d32 causal 188 / 232; d48 268 / 224, d80 289 / 231, d96 343 / 256, d112 307 / 231")
 CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
 STAGES = (2, 3, 4)     # Q / dO stages, preferred first (2 measured enough: the walk is GEMM-bound)
 PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
@@ -125,6 +129,20 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
     if deterministic:
         return "v3 backward adds dQ with fp32 reds; deterministic=True needs the v2 backward's separate dQ pass"
     return None  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
+
+
+def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
+                        varlen: bool = False) -> str | None:
+    """Why ``schedule="auto"`` takes the v2 backward: :func:`v3_bwd_refusal`, or a head dim below
+    :data:`AUTO_MIN_HEAD_DIM`, where v3 runs (``schedule="v3"``) but was measured slower than v2."""
+    why = v3_bwd_refusal(ir_or_dims, target, deterministic=deterministic, varlen=varlen)
+    if why is not None:
+        return why
+    dims = resolve_dims(ir_or_dims)
+    if min(dims.head_dim, dims.head_dim_v) < AUTO_MIN_HEAD_DIM:
+        return (f"v3 backward at D={dims.head_dim}, DV={dims.head_dim_v} (< {AUTO_MIN_HEAD_DIM}) measured slower than "
+                f"v2: {AUTO_MIN_HEAD_DIM_WHY}")
+    return None
 
 
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,

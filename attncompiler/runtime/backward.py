@@ -4,7 +4,7 @@ mma.sync, every target) or on sm_90 the v3 backward (attncompiler/codegen/v3_bwd
 :func:`run_backward` takes what the forward saved (q, k, v, out, lse) and dO (and optionally
 dL/dlse) and returns (dq, dk, dv) in the inputs' dtype, whatever schedule ran the forward (every
 forward stores the same lse).  The backward options' ``schedule`` picks the kernels: "auto" (default:
-v3 where :func:`~attncompiler.plan.v3_bwd.v3_bwd_refusal` allows it, else v2), "v2" or "v3" (an error
+v3 where :func:`~attncompiler.plan.v3_bwd.v3_bwd_auto_refusal` allows it, else v2), "v2" or "v3" (an error
 naming the reason where v3 cannot run).  Rendered sources are cached per (IR structure, target, dQ mode,
 plan options); compiled modules by the NVRTC caches.
 """
@@ -21,7 +21,7 @@ from ..codegen.v3_bwd import V3BwdKernelSource, render_v3_bwd
 from ..ir.types import AttentionIR
 from ..plan.model import PlanError
 from ..plan.targets import Target
-from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_refusal
+from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_auto_refusal, v3_bwd_refusal
 from .compiler import LoadedKernel, compile_functions
 from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
@@ -50,9 +50,10 @@ def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
         schedule = opts.pop("schedule", "auto")
         if schedule not in BWD_SCHEDULES:
             raise PlanError(f"backward schedule: expected one of {BWD_SCHEDULES}, got {schedule!r}")
-        refusal = v3_bwd_refusal(ir, target, deterministic=deterministic, varlen=varlen)
-        if schedule == "v3" and refusal is not None:
-            raise PlanError(refusal)
+        hard = v3_bwd_refusal(ir, target, deterministic=deterministic, varlen=varlen)
+        if schedule == "v3" and hard is not None:
+            raise PlanError(hard)
+        refusal = v3_bwd_auto_refusal(ir, target, deterministic=deterministic, varlen=varlen)
         if schedule == "v3" and not set(opts) <= set(V3_BWD_OPTIONS):
             raise PlanError(f"v3 backward: expected plan options among {V3_BWD_OPTIONS}, got "
                             f"{sorted(set(opts) - set(V3_BWD_OPTIONS))}")
