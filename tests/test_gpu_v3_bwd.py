@@ -90,8 +90,9 @@ def test_v2_backward_still_correct_on_hopper(name, head_dim):
 def test_auto_backward_is_v3_on_hopper(head_dim):
     src = ac.compile(presets.causal(head_dim)).backward_source()
     assert "schedule v3 backward" in src and "wgmma.mma_async" in src
-    # deterministic dQ and head dims v3 cannot tile stay on v2
-    assert "schedule v2 backward" in ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
+    # deterministic dQ runs v3 too (CTAs take turns per query block); head dims v3 cannot tile stay on v2
+    det = ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
+    assert "schedule v3 backward" in det and "DETERMINISTIC = true" in det
     assert "schedule v2 backward" in ac.compile(presets.causal(256)).backward_source()
     assert "schedule v3 backward" in ac.compile(presets.causal(96)).backward_source()
 
@@ -197,10 +198,80 @@ def test_v3_backward_strides_tma_cannot_describe():
 
 @needs_hopper
 def test_v3_backward_refusals_name_the_reason():
-    kern = _kernel(presets.causal(96), schedule="v3")
-    with pytest.raises(PlanError, match="multiple of 64"):
+    kern = _kernel(presets.causal(256), schedule="v3")
+    with pytest.raises(PlanError, match="multiple of 16 and <= 128"):
         kern.backward_source()
-    with pytest.raises(PlanError, match="deterministic"):
-        _kernel(presets.causal(128), schedule="v3").backward_source(deterministic=True)
+    with pytest.raises(PlanError, match="deterministic v3 backward: expected dq_red 0 or 1"):
+        _kernel(presets.causal(128), schedule="v3", dq_red=2).backward_source(deterministic=True)
     with pytest.raises(PlanError, match="expected one of"):
         _kernel(presets.causal(128), schedule="v4").backward_source()
+
+
+def _grads(kern, q, k, v, dout, **kw):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = kern(*leaves, **kw)
+    return torch.autograd.grad(out, leaves, dout)
+
+
+@needs_hopper
+@pytest.mark.parametrize("name,head_dim", [("causal", 128), ("causal", 64), ("document", 128), ("plain", 64),
+                                           ("sliding_window", 128), ("dropout", 64), ("causal", 96)])
+def test_v3_deterministic_is_bitwise_repeatable_and_correct(name, head_dim):
+    """deterministic=True on Hopper runs the v3 backward with the CTAs of a query block adding their dQ in key-block
+    order: dq is bitwise the same on every run (without it the fp32 reds land in any order), and every gradient
+    passes the error-ratio rule. d = 96 takes one consumer warpgroup (its dQ columns do not split into boxes)."""
+    from attncompiler.testing import random_qkv
+
+    kern = _kernel(_spec(name, head_dim))
+    src = kern.backward_source(deterministic=True)
+    assert "schedule v3 backward" in src and "DETERMINISTIC = true" in src
+    for nq, nk, hkv in ((1023, 1023, None), (300, 77, None), (113, 700, 1)):
+        assert (r := check_kernel_grads(kern, 2, H, nq, nk, H_kv=hkv, deterministic=True)).ok, f"{nq}x{nk}: {r}"
+    q, k, v = random_qkv(2, H, 1023, 1023, head_dim, head_dim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    runs = [_grads(kern, q, k, v, dout, seed=7, deterministic=True) for _ in range(3)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    fast = _grads(kern, q, k, v, dout, seed=7)
+    torch.testing.assert_close(fast[0].float(), runs[0][0].float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_hopper
+def test_v3_deterministic_counters_are_left_zero_and_graphs_replay():
+    """The turn counters come from the per-stream arena and the kernel leaves them zero: many calls in a row, a
+    CUDA graph replayed several times and a shape with more counters than one arena holds all agree bitwise."""
+    from attncompiler.runtime.counters import arena_stats
+    from attncompiler.testing import random_qkv
+
+    kern = _kernel(presets.causal(64))
+    q, k, v = random_qkv(1, 4, 1500, 1500, 64, 64, torch.bfloat16)
+    dout = torch.randn_like(q)
+    first = _grads(kern, q, k, v, dout, deterministic=True)
+    for _ in range(5):
+        for a, b in zip(first, _grads(kern, q, k, v, dout, deterministic=True)):
+            assert torch.equal(a, b)
+    assert arena_stats()["arenas"] >= 1
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up (compiles, allocates) outside the capture
+            grads = torch.autograd.grad(kern(*leaves, deterministic=True), leaves, dout)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        grads = torch.autograd.grad(kern(*leaves, deterministic=True), leaves, dout)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(first, grads):
+            assert torch.equal(a, b)
+    # B * H * query blocks above the arena's 65536 counters: the call zeroes counters of its own
+    big = _kernel(presets.causal(64))
+    qb, kb, vb = random_qkv(64, 32, 2100, 64, 64, 64, torch.bfloat16)
+    dob = torch.randn_like(qb)
+    r1 = _grads(big, qb, kb, vb, dob, deterministic=True)
+    r2 = _grads(big, qb, kb, vb, dob, deterministic=True)
+    for a, b in zip(r1, r2):
+        assert torch.equal(a, b)

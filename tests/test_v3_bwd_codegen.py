@@ -75,11 +75,21 @@ def test_plan_rejections_carry_numbers():
     assert CONSUMER_REGS[2] * 256 + 24 * 128 <= 65536 and CONSUMER_REGS[1] * 128 + 24 * 128 <= 65536
 
 
+def test_deterministic_plan():
+    p = plan_v3_bwd(ProblemDims(128), SM90, deterministic=True)
+    assert p.deterministic and p.dq_split_n and p.consumers == 2
+    with pytest.raises(PlanError, match="expected dq_red 0 or 1"):
+        plan_v3_bwd(ProblemDims(128), SM90, deterministic=True, dq_red=2)
+    with pytest.raises(PlanError, match="deterministic dQ needs the warpgroups to add disjoint columns"):
+        plan_v3_bwd(ProblemDims(128), SM90, deterministic=True, dq_split_n=False, consumers=2)
+    assert plan_v3_bwd(ProblemDims(96), SM90, deterministic=True).consumers == 1
+
+
 def test_refusals():
     assert v3_bwd_refusal(ProblemDims(128), SM90) is None
-    assert "deterministic" in v3_bwd_refusal(ProblemDims(128), SM90, deterministic=True)
+    assert v3_bwd_refusal(ProblemDims(128), SM90, deterministic=True) is None  # CTAs take turns per query block
     assert v3_bwd_refusal(ProblemDims(128), SM90, varlen=True) is None  # packed sequences run v3 too
-    assert "deterministic" in v3_bwd_refusal(ProblemDims(64), SM90, deterministic=True, varlen=True)
+    assert v3_bwd_refusal(ProblemDims(64), SM90, deterministic=True, varlen=True) is None
     assert "sm_90a" in v3_bwd_refusal(ProblemDims(64), "sm_89")
     assert v3_bwd_refusal(ProblemDims(128, 96), SM90) is None
     assert "DV" in v3_bwd_refusal(ProblemDims(128, 136), SM90) and "D " in v3_bwd_refusal(ProblemDims(72), SM90)
@@ -96,11 +106,14 @@ def test_runtime_picks_the_backward():
     ir = build_ir(presets.causal(128))
     assert isinstance(bwd_source(ir, SM90), V3BwdKernelSource)
     assert isinstance(bwd_source(ir, SM90, options={"schedule": "v2"}), BwdKernelSource)
-    assert isinstance(bwd_source(ir, SM90, deterministic=True), BwdKernelSource)
+    det = bwd_source(ir, SM90, deterministic=True)
+    assert isinstance(det, V3BwdKernelSource) and det.plan.deterministic and "DETERMINISTIC = true" in det.source
+    assert "take turns in key-block order" in det.plan.describe() and not bwd_source(ir, SM90).plan.deterministic
+    assert isinstance(bwd_source(ir, SM90, deterministic=True, options={"schedule": "v2"}), BwdKernelSource)
     packed = bwd_source(ir, SM90, varlen=True)
     assert isinstance(packed, V3BwdKernelSource) and packed.varlen and not bwd_source(ir, SM90).varlen
     assert "varlen_bwd_kv_enter" in packed.source and "VARLEN = true" in packed.source
-    assert isinstance(bwd_source(ir, SM90, varlen=True, deterministic=True), BwdKernelSource)
+    assert isinstance(bwd_source(ir, SM90, varlen=True, deterministic=True), V3BwdKernelSource)
     assert isinstance(bwd_source(ir, SM90, varlen=True, options={"schedule": "v2"}), BwdKernelSource)
     assert isinstance(bwd_source(ir, SM90, options={"block_m": 64}), BwdKernelSource)  # a v2 plan option
     assert isinstance(bwd_source(ir, get_target("sm_80")), BwdKernelSource)
@@ -227,4 +240,8 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     out = capsys.readouterr().out
     assert "v3_bwd plan" in out and "keys split over the warpgroups" in out and "D=96 does not split" in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--deterministic"]) == 0
-    assert "not used: v3 backward adds dQ with fp32 reds" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "v3_bwd plan" in out and "deterministic: the CTAs adding into a query block take turns" in out
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96", "--deterministic"]) == 0
+    out = capsys.readouterr().out  # 48 dQ columns per warpgroup would straddle a box: one consumer warpgroup
+    assert "v3_bwd plan" in out and "1 consumer warpgroups" in out and "deterministic dQ needs" in out

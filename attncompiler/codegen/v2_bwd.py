@@ -64,6 +64,10 @@ class BwdKernelSource:
         """Launch grid of each kernel (:func:`bwd_grids`)."""
         return bwd_grids(self.plan, dims)
 
+    def turn_counters(self, dims: AttnInputs) -> int:
+        """The v2 kernels need no turn counters (its deterministic mode is a separate dQ pass)."""
+        return 0
+
     def maps(self, params: Any, bwd_params: Any, dims: AttnInputs, packed_rows: tuple[int, int] | None = None) -> None:
         """The v2 kernels take no TMA maps (the v3 backward's :meth:`V3BwdKernelSource.maps`)."""
         return None

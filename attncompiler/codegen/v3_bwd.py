@@ -59,6 +59,10 @@ class V3BwdKernelSource:
             "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.B * dims.H_kv, 1),
         }
 
+    def turn_counters(self, dims: AttnInputs) -> int:
+        """int32 turn counters the launch needs (deterministic: one per (b, h, 64-row query block)), else 0."""
+        return dims.B * dims.H * (self.nq_padded(dims.Nq) // 64) if self.plan.deterministic else 0
+
     def maps(self, params: Any, bwd_params: Any, dims: AttnInputs, packed_rows: tuple[int, int] | None = None) -> Any:
         """``struct V3BwdMaps`` of the launch (:func:`bwd_maps`); ``packed_rows`` = (total_q, total_k) of packed
         sequences, whose maps span every row of the batch."""
@@ -87,6 +91,7 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: b
         dq_split_n=plan.dq_split_n,
         dq_red=plan.dq_red,
         dq_defer=plan.dq_defer,
+        deterministic=plan.deterministic,
         pre_warps=plan.pre_warps,
         pre_rows=plan.pre_rows,
         smem_bytes=plan.smem_bytes,

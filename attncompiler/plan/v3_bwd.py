@@ -18,7 +18,10 @@ Facts of the kernel as module constants:
   columns are whole boxes or a part of one: D = 32, 64, 128)
   (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
   (``consumers`` reds per element).  Both add into the fp32 accumulator the v2 backward's atomic mode
-  uses, so the v3 backward is never deterministic (``deterministic=True`` runs the v2 backward).
+  uses.  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
+  (a counter per (b, h, query block), acquire / release), so dQ's fp32 sums are the same on every run; the
+  warpgroups then add disjoint columns (dQ split by columns, or one consumer warpgroup) and the walk visits
+  the query blocks in one fixed, descending order.
 
 Pure Python: every rejection names the limit and the numbers.
 """
@@ -72,6 +75,7 @@ class V3BwdPlan(Plan):
     dq_split_n: bool
     dq_red: int = 1
     dq_defer: bool = True
+    deterministic: bool = False
     pre_warps: int = PRE_WARPS
     pre_rows: int = PRE_ROWS
     dq_mode: str = "atomic"
@@ -82,7 +86,9 @@ class V3BwdPlan(Plan):
                     f"64) x BLOCK_M={self.block_m} query rows per step, {self.stages} Q/dO stages; "
                     f"{self.num_threads} threads")
         lines.append(f"  dQ: fp32 reds, " + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
-                                              if self.dq_split_n else "keys split over the warpgroups (all columns)"))
+                                              if self.dq_split_n else "keys split over the warpgroups (all columns)")
+                     + ("; deterministic: CTAs take turns per query block in key-block order" if self.deterministic
+                        else ""))
         return lines
 
 
@@ -126,8 +132,6 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
         if x % HEAD_DIM_STEP or x > MAX_HEAD_DIM:
             return (f"v3 backward: expected {label} a multiple of {HEAD_DIM_STEP} and <= {MAX_HEAD_DIM} (wgmma k16 "
                     f"steps, dK/dV in registers), got {x}")
-    if deterministic:
-        return "v3 backward adds dQ with fp32 reds; deterministic=True needs the v2 backward's separate dQ pass"
     return None  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
 
 
@@ -147,7 +151,7 @@ def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, determi
 
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int = 1,
-                dq_defer: bool = True) -> V3BwdPlan:
+                dq_defer: bool = True, deterministic: bool = False) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason."""
     t = resolve_target(target)
     why_not = v3_bwd_refusal(ir_or_dims, t)
@@ -161,11 +165,18 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
         raise PlanError(f"v3 backward: expected dq_red in {DQ_REDS}, got {dq_red!r}")
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
+    if deterministic and dq_red == 2:
+        raise PlanError("deterministic v3 backward: expected dq_red 0 or 1 (reds by the consumer threads, fenced "
+                        "before the turn passes), got 2 (bulk reductions)")
     limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
     rejected: list[str] = []
     for nc in ((consumers,) if consumers is not None else CONSUMERS):
         split_options = (dq_split_n,) if dq_split_n is not None else (True, False)
         for split in split_options:
+            if deterministic and nc > 1 and not split:
+                rejected.append(f"consumers={nc}, dq_split_n=False: deterministic dQ needs the warpgroups to add "
+                                f"disjoint columns")
+                continue
             if split and (d % (16 * nc) or ((d // nc) % BOX_COLS and BOX_COLS % (d // nc))):
                 rejected.append(f"consumers={nc}, dq_split_n: D={d} does not split into {nc} column blocks that are "
                                 f"multiples of 16 and whole 64-column boxes or parts of one")
@@ -194,6 +205,9 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     + f"; {DQ_RED_WHY[dq_red]}"
                     + ("; deferred one step (the warpgroups wait only for each other's previous dS^T half)"
                        if dq_defer else "; in the same step (the warpgroups meet at every step's dS^T)"),
+                    *(("deterministic: the CTAs adding into a query block take turns in key-block order (a counter "
+                       "per (b, h, query block), acquire / release; the walk descends the query blocks)",)
+                      if deterministic else ()),
                     *(f"rejected {r}" for r in rejected),
                 )
                 return V3BwdPlan(
@@ -201,6 +215,6 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     block_n=64 * nc, num_warps=4 * (nc + 1), num_threads=128 * (nc + 1), smem_bytes=smem,
                     est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=nc, stages=st,
                     producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split, dq_red=dq_red,
-                    dq_defer=bool(dq_defer),
+                    dq_defer=bool(dq_defer), deterministic=bool(deterministic),
                 )
     raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}): " + "; ".join(rejected))

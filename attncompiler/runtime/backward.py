@@ -27,7 +27,8 @@ from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_p
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .tma import tma_layout_error
 
-__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward", "tma_checked_source", "BWD_SCHEDULES"]
+__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward", "tma_checked_source", "turn_counters",
+           "BWD_SCHEDULES"]
 
 BWD_SCHEDULES = ("auto", "v2", "v3")
 
@@ -60,7 +61,7 @@ def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
         if schedule == "auto" and refusal is None and not set(opts) <= set(V3_BWD_OPTIONS):
             refusal = f"plan options {sorted(set(opts) - set(V3_BWD_OPTIONS))} are the v2 backward's"
         if schedule == "v3" or (schedule == "auto" and refusal is None):
-            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, **opts), target, varlen=varlen)
+            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
         else:
             hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
         with _lock:
@@ -120,8 +121,25 @@ def _like_layout(ref: torch.Tensor, shape: tuple[int, int, int, int], dtype: tor
     return torch.empty(B, H, N, d, device=ref.device, dtype=dtype)
 
 
+def turn_counters(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, device: torch.device) -> tuple[int, Any]:
+    """(address, owner) of the zeroed int32 turn counters ``src`` needs (deterministic v3 dQ), or (0, None).  The
+    kernel leaves them zero, so they come from the per-stream arena of :mod:`.counters`; where it has no room (or
+    inside a capture without an arena) the call zeroes counters of its own (``owner`` keeps them alive)."""
+    n = src.turn_counters(dims)
+    if n == 0:
+        return 0, None
+    from .counters import ARENA_INTS, counters
+
+    addr = counters(device, n) if n <= ARENA_INTS else None
+    if addr is not None:
+        return addr, None
+    own = torch.zeros(n, dtype=torch.int32, device=device)
+    return own.data_ptr(), own
+
+
 def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv: torch.Tensor,
-               dq_accum: torch.Tensor | None, dlse: torch.Tensor | None, ws: torch.Tensor, nq_pad: int) -> Any:
+               dq_accum: torch.Tensor | None, dlse: torch.Tensor | None, ws: torch.Tensor, nq_pad: int,
+               dq_sem: int = 0) -> Any:
     """The AttnBwdParams of one backward launch (padded and varlen).  dout, dq, dk, dv are (B, H, N, d)
     views, whose strides the kernels index with (a packed varlen tensor: its (1, H, rows, d) view); dq is
     None in atomic mode, which accumulates into dq_accum; ws holds the lse2 and dsum rows (Nq_pad each)."""
@@ -139,6 +157,7 @@ def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv
     set_strides(bp, "dk", dk.stride())
     set_strides(bp, "dv", dv.stride())
     bp.Nq_pad = nq_pad
+    bp.dq_sem = dq_sem or None
     return bp
 
 
@@ -194,13 +213,15 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     bufs = prepare_buffers(ir, buffers, q.device)
     P, Bf = pack_params(q, k, v, out, lse, None, dims, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,
                         ir=ir, buffers=bufs)
-    bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad)
+    sem, sem_owner = turn_counters(src, dims, q.device)
+    bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad, sem)
     grids = src.grids(dims)
     maps = src.maps(P, bp, dims)
     with torch.cuda.device(q.device):
         for e in src.entries:
             args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
             launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
+    del sem_owner  # (the caching allocator reuses it only after the launches queued on this stream)
     if atomic:
         dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).copy_(dq_accum)  # type: ignore[arg-type]
     return dq, dk, dv  # type: ignore[return-value]

@@ -84,6 +84,8 @@ BWD_PARAM_FIELDS: tuple[CField, ...] = (
     CField("dk_sb", "long long"), CField("dk_sh", "long long"), CField("dk_sn", "long long"),
     CField("dv_sb", "long long"), CField("dv_sh", "long long"), CField("dv_sn", "long long"),
     CField("Nq_pad", "int", "rows of lse2 / dsum per (b, h)"),
+    CField("dq_sem", "int*", "deterministic v3 dQ: a turn counter per (b, h, 64-row query block of Nq_pad), zero at "
+           "launch and left zero; may be null"),
 )
 
 

@@ -335,7 +335,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (the backward
     kernels :func:`bwd_source` picks, rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
-    from .backward import bwd_params, bwd_source, load_bwd, tma_checked_source
+    from .backward import bwd_params, bwd_source, load_bwd, tma_checked_source, turn_counters
 
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     want = (vi.total_q, vi.H, vi.DV)
@@ -376,7 +376,8 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(out), lse, None, dims, scale=scale, dropout_p=dropout_p,
                         seed=seed, offset=offset, ir=ir, buffers=bufs)
     _set_cu(P, cu_q, cu_k)
-    bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad)
+    sem, sem_owner = turn_counters(src, dims, q.device)
+    bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad, sem)
     grids = src.grids(dims)
     maps = src.maps(P, bp, dims, packed_rows=(vi.total_q, vi.total_k))
     from .launch import launch_structs
@@ -387,6 +388,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                 continue
             args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
             launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
+    del sem_owner
     # Sequences with keys but no queries: the dK/dV kernels skip them; their gradients are 0.
     idle = [b for b in range(vi.B) if vi.cu_q[b + 1] == vi.cu_q[b] and vi.cu_k[b + 1] > vi.cu_k[b]]
     if idle:

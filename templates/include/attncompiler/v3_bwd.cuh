@@ -84,6 +84,8 @@ struct V3BwdLayout {
   static_assert(D % 16 == 0 && DV % 16 == 0 && D <= 128 && DV <= 128,
                 "head dims: multiples of 16 (wgmma k16 steps / n), at most 128 (dK and dV stay in registers)");
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
+  static_assert(!Cfg::DETERMINISTIC || kSplitN || NC == 1, "deterministic dQ: the warpgroups add disjoint columns");
+  static_assert(!Cfg::DETERMINISTIC || DQ_RED != 2, "deterministic dQ: reds by the consumer threads (fenced per warp)");
   static_assert(!kSplitN || (DQ_N % 64 == 0 || 64 % DQ_N == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole "
                 "boxes of K or a part of one box (an MN-major B operand may start 16-byte aligned inside the row)");
   static_assert(DQ_N % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0, "dQ in whole chunks of at most one box");
@@ -113,12 +115,19 @@ struct V3BwdRows {
 
 // The CTA's walk over (query head of the group, query block) pairs, as v2_bwd_kv's: start block rotated by
 // the key block (atomic dQ adds of one head's CTAs spread over rows), EMPTY tiles skipped.
+// Deterministic (rot < 0): no rotation, query blocks descending, so that the CTAs of one head reach each
+// query block in the order of their key blocks without waiting long (the dQ adds' turn order, v3_bwd_turn).
 struct V3BwdWalk {
   int b, h_kv, G, nqb, total, rot, kv0, kv_hi;
   __device__ __forceinline__ void coords(int it, int& h, int& q0) const {
     const int hg = it / nqb;
-    int qb = it - hg * nqb + rot;
-    if (qb >= nqb) qb -= nqb;
+    int qb = it - hg * nqb;
+    if (rot < 0) {
+      qb = nqb - 1 - qb;
+    } else {
+      qb += rot;
+      if (qb >= nqb) qb -= nqb;
+    }
     h = h_kv * G + hg;
     q0 = qb * 64;
   }
@@ -134,6 +143,42 @@ struct V3BwdWalk {
     return it;
   }
 };
+
+// Deterministic dQ (Cfg::DETERMINISTIC): the CTAs that add into query block q0 of head h do so one after another, in
+// the order of their key blocks, counted on sem = bp.dq_sem[(b * H + h) * ceil(Nq / 64) + q0 / 64] (zero at launch,
+// zero again after the last adder). v3_bwd_turn (one warp): this CTA's place among the block's adders -- the key
+// blocks before it whose tile with the query block is not EMPTY (the walk skips EMPTY tiles; the same tile_class
+// arguments) -- and their total; lane 0 then spins until sem == place (acquire).
+struct V3BwdTurn {
+  int place, total;
+};
+template <int BN>
+__device__ __forceinline__ V3BwdTurn v3_bwd_turn(const unsigned int* sem, int b, int h, int q0, int kv_block,
+                                                 const AttnParams& p, const AttnBuffers& buf) {
+  const int lane = threadIdx.x & 31;
+  const int nkv = (p.Nk + BN - 1) / BN;
+  V3BwdTurn tn{kv_block, nkv};
+  if constexpr (Variant::kHasMask) {
+    const int q_hi = min(q0 + 64, p.Nq) - 1;
+    tn.place = tn.total = 0;
+    for (int j0 = 0; j0 < nkv; j0 += 32) {
+      const int j = j0 + lane;
+      const bool adds = j < nkv && Variant::tile_class(b, h, q0, q_hi, j * BN, min(j * BN + BN, p.Nk) - 1, p, buf) !=
+                                       AC_TILE_EMPTY;
+      const unsigned int m = __ballot_sync(0xffffffffu, adds);
+      tn.total += __popc(m);
+      if (j0 < kv_block) tn.place += __popc(kv_block - j0 >= 32 ? m : m & ((1u << (kv_block - j0)) - 1u));
+    }
+  }
+  if (lane == 0) {
+    unsigned int v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(sem) : "memory");
+    } while (v != static_cast<unsigned int>(tn.place));
+  }
+  __syncwarp();
+  return tn;
+}
 
 // DQ_RED 1 / 2: this warp's 16 x DQ_CHUNK fp32 dQ tile (C layout) staged in shared memory at s_stage, then
 // added into rows row0.. of gdq (row stride D, at the chunk's first column): 1 -- 16-byte reds, each warp
@@ -204,7 +249,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   walk.G = p.H / p.H_kv;
   walk.nqb = (p.Nq + BM - 1) / BM;
   walk.total = walk.G * walk.nqb;
-  walk.rot = kv_block % walk.nqb;
+  walk.rot = Cfg::DETERMINISTIC ? -1 : kv_block % walk.nqb;
   walk.kv0 = kv_block * BN;
   walk.kv_hi = min(walk.kv0 + BN, p.Nk) - 1;
   const int b = walk.b, h_kv = walk.h_kv, kv0 = walk.kv0;
@@ -294,6 +339,38 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   // of DQ_CHUNK columns (one accumulator of DQ_CHUNK/2 fp32 live at a time), each added into the fp32
   // accumulator once done. The first chunk's wait also retires the step's dV / dK GEMMs (an older group), so
   // its stage is released there and the P^T / dS^T fragments may be reused after it.
+  // Deterministic dQ: the turn of the step whose reds were issued last (signalled at the next dQ step, once its
+  // reds have long landed, or after the walk): every consumer warp fences its own reds, the consumers meet, and
+  // one thread passes the turn on (release), or resets the counter after the block's last adder.
+  unsigned int* turn_sem = nullptr;
+  bool turn_last = false;
+  auto pass_turn = [&]() {
+    if constexpr (Cfg::DETERMINISTIC) {
+      if (turn_sem == nullptr) return;
+      __threadfence();
+      named_bar_sync(13, 128 * NC);
+      if (threadIdx.x == 128) {
+        if (turn_last) {
+          *reinterpret_cast<volatile unsigned int*>(turn_sem) = 0u;
+        } else {
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(turn_sem) : "memory");
+        }
+      }
+      turn_sem = nullptr;
+    }
+  };
+  auto wait_turn = [&](int h, int q0) {
+    if constexpr (Cfg::DETERMINISTIC) {
+      unsigned int* sem = reinterpret_cast<unsigned int*>(bp.dq_sem) + (long long)(b * p.H + h) * (bp.Nq_pad / 64) + q0 / 64;
+      if (warp_wg == 0) {
+        const V3BwdTurn tn = v3_bwd_turn<BN>(sem, b, h, q0, kv_block, p, buf);
+        turn_last = tn.place == tn.total - 1;
+      }
+      named_bar_sync(11 + wg, 128);  // the warpgroup's reds wait for warp 0's acquire
+      turn_sem = sem;
+    }
+  };
+
   auto dq_step = [&](int j, int h, int q0, int sj, unsigned int (&pf)[KQ][4], unsigned int (&df)[KQ][4]) {
     const unsigned int sDS = base + L::kDSOffset + (j & 1) * L::kDSBytes;
     if constexpr (kCross && Cfg::DQ_DEFER) named_bar_sync(bar_ready(other, j & 1), 256);
@@ -326,6 +403,10 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         reg_fence(pf);
         reg_fence(df);
         mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
+        if constexpr (Cfg::DETERMINISTIC) {
+          pass_turn();  // the previous step's block
+          wait_turn(h, q0);
+        }
       }
       // dQ rows q0 + 16 warp_wg + g (+ 8), columns col0 + c DQ_CHUNK + 8 nt + 2t (+ 1).
       if constexpr (L::DQ_RED == 0) {
@@ -473,6 +554,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   if constexpr (L::DQ_RED == 2) {
     if (lane < 16) bulk_wait_read_all();  // the last reductions read shared memory: it must outlive them
   }
+  pass_turn();  // the walk's last block (deterministic)
   // dK and dV rows of this warp (every row is written: zeros where no query saw the key).
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
