@@ -275,3 +275,18 @@ def test_v3_deterministic_counters_are_left_zero_and_graphs_replay():
     r2 = _grads(big, qb, kb, vb, dob, deterministic=True)
     for a, b in zip(r1, r2):
         assert torch.equal(a, b)
+
+
+def test_dropped_sources_do_not_reuse_loaded_kernels():
+    """The loaded-kernel cache is keyed by the source, not by id(source): a test (or anything) that clears the
+    source cache lets Python reuse the dropped object's id, which must not fetch the old kernels."""
+    import gc
+
+    from attncompiler.runtime import backward as rb
+
+    specs = (presets.causal(128), ac.AttentionSpec(head_dim=64, dtype="fp16", dropout_p=0.2, causal=True),
+             presets.causal(64), presets.plain(128))
+    for spec in specs * 2:
+        rb._sources.clear()
+        gc.collect()
+        assert (r := check_kernel_grads(ac.compile(spec), 1, 2, 300)).ok, f"{spec.name} d={spec.head_dim}: {r}"

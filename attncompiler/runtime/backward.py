@@ -71,7 +71,9 @@ def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
 
 def load_bwd(src: BwdKernelSource | V3BwdKernelSource, device: int) -> dict[str, LoadedKernel]:
     """Compile (or fetch) and load every kernel of ``src`` on ``device``."""
-    key = (id(src), device)
+    # keyed by the source text, not id(src): a source dropped from _sources (tests clear it) may leave its id to a
+    # new object, which must not find the old kernels
+    key = (src.arch, src.source, device)
     with _lock:
         hit = _loaded.get(key)
     if hit is not None:

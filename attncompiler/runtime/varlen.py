@@ -243,7 +243,7 @@ def _v3_maps(P: Any, vi: VarlenInputs, ks: KernelSource) -> Any:
 
 
 def _load(ks: KernelSource, device: int) -> LoadedKernel:
-    key = (id(ks), device)
+    key = (ks.arch, ks.source, ks.entry, device)  # by value: a dropped source's id may be reused
     with _lock:
         hit = _loaded.get(key)
     if hit is None:

@@ -339,9 +339,9 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   // of DQ_CHUNK columns (one accumulator of DQ_CHUNK/2 fp32 live at a time), each added into the fp32
   // accumulator once done. The first chunk's wait also retires the step's dV / dK GEMMs (an older group), so
   // its stage is released there and the P^T / dS^T fragments may be reused after it.
-  // Deterministic dQ: the turn of the step whose reds were issued last (signalled at the next dQ step, once its
-  // reds have long landed, or after the walk): every consumer warp fences its own reds, the consumers meet, and
-  // one thread passes the turn on (release), or resets the counter after the block's last adder.
+  // Deterministic dQ: the turn of the step whose reds were issued last, passed right after them (DET_PASS_LATE: at
+  // the next dQ step, once they have long landed, or after the walk): every consumer warp fences its own reds, the
+  // consumers meet, and one thread passes the turn on (release), or resets the counter after the block's last adder.
   unsigned int* turn_sem = nullptr;
   bool turn_last = false;
   auto pass_turn = [&]() {
@@ -404,7 +404,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         reg_fence(df);
         mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
         if constexpr (Cfg::DETERMINISTIC) {
-          pass_turn();  // the previous step's block
+          if (Cfg::DET_PASS_LATE) pass_turn();  // the previous step's block
           wait_turn(h, q0);
         }
       }
@@ -425,6 +425,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         v3_bwd_dq_staged<L>(acc_dq, sDqStage, gdq - 2 * t + c * L::DQ_CHUNK, q0 + 16 * warp_wg, p.Nq);
       }
     }
+    if constexpr (Cfg::DETERMINISTIC && !Cfg::DET_PASS_LATE) pass_turn();  // right after this step's reds
   };
 
   unsigned int p_frag[KQ][4], ds_frag[KQ][4];  // A operands of the step's dV / dK GEMMs (read until they retire)
