@@ -44,6 +44,7 @@
 #pragma once
 
 #include "attncompiler/ranges.cuh"
+#include "attncompiler/v3_rows.cuh"
 #include "attncompiler/score_skip.cuh"
 #include "attncompiler/v3_consumer.cuh"
 #include "attncompiler/v3_trace.cuh"
@@ -82,23 +83,6 @@ __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& 
     bh = blockIdx.y;
   }
 }
-
-// TMA coordinates (row, batch) of a tile's rows: the padded layout addresses row r of batch b as (r, b); packed
-// sequences (Cfg::VARLEN: the maps span (D, total rows, heads, 1), and p is the sequence's view, varlen.cuh) as
-// (first row of sequence b + r, 0). Rows past the sequence's end are the next sequence's: the kernel masks keys
-// kv >= Nk (the ragged last block: P = 0) and never stores query rows >= Nq.
-template <class Cfg>
-struct V3Rows {
-  int q_start = 0, k_start = 0, batch = 0;
-  __device__ __forceinline__ V3Rows(const AttnParams& p, int b) {
-    if constexpr (Cfg::VARLEN) {
-      q_start = p.cu_seqlens_q[b];
-      k_start = p.cu_seqlens_k[b];
-    } else {
-      batch = b;
-    }
-  }
-};
 
 // K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/scoreskip.py; score_skip.cuh has the
 // argument). Here the offset is the lazy one (kRescaleSlack), and with slope > 0 the descending walk
