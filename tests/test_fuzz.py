@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from attncompiler import fuzz
 from attncompiler.codegen.schedule import get_schedule
 from attncompiler.codegen.v2_bwd import make_bwd_plan, render_bwd
-from attncompiler.plan.v3_bwd import v3_bwd_refusal
+from attncompiler.plan.v3_bwd import v3_bwd_auto_refusal
 from attncompiler.runtime.backward import bwd_source
 from attncompiler.ir.build import build_ir, verify
 from attncompiler.plan.targets import get_target
@@ -97,9 +97,9 @@ def test_fuzzed_specs_trace_verify_and_render(seed: int) -> None:
             assert 'extern "C" __global__' in ks.source and "struct Variant" in ks.source, f"{name} {arch}: {fs}"
         bwd = render_bwd(ir, make_bwd_plan(ir, tgt), tgt)
         assert "attn_bwd_pre" in bwd.source, f"backward {arch}: {fs}"
-        # what .backward() runs there: the v3 backward on sm_90 at head dims 64 / 128, else v2's
+        # what .backward() runs there: the v3 backward on sm_90 at head dims 48-128, else v2's
         auto = bwd_source(ir, tgt)
-        v3_bwd = arch == "sm_90" and v3_bwd_refusal(ir, tgt) is None
+        v3_bwd = arch == "sm_90" and v3_bwd_auto_refusal(ir, tgt) is None
         assert ("wgmma.mma_async" in auto.source) == v3_bwd, f"backward {arch} (v3: {v3_bwd}): {fs}"
     # v3 (sm_90 only) with the seed's fuzzed plan options, as tests/test_gpu_fuzz.py runs it
     tgt = get_target("sm_90")
@@ -247,7 +247,7 @@ def test_nvcc_compiles_fuzzed_specs(seed: int) -> None:
     opts = fuzz.accepted_options(fs.spec, "v3", tgt, fuzz.v3_options(seed))
     sources["v3"] = get_schedule("v3").render(ir, get_schedule("v3").make_plan(ir, tgt, **opts), tgt).source
     sources["bwd"] = render_bwd(ir, make_bwd_plan(ir, tgt), tgt).source
-    if v3_bwd_refusal(ir, tgt) is None:  # seeds 5 (d 64) and 7 (D 128, DV 64)
+    if v3_bwd_auto_refusal(ir, tgt) is None:  # the v3 backward .backward() runs for this spec on sm_90
         sources["bwd_v3"] = bwd_source(ir, tgt).source
     for name, src in sources.items():
         rep = compile_with_nvcc(src, "sm_90a")

@@ -21,7 +21,7 @@ def _hopper() -> bool:
 
 
 # The forward schedules of packed batches: v2, and v3 (TMA maps over the packed rows) on an sm_90 GPU. The backward
-# is the automatic choice either way: on an sm_90 GPU at head dims 64 / 128 the v3 backward, else v2's.
+# is the automatic choice either way: on an sm_90 GPU at head dims 48-128 the v3 backward, else v2's.
 SCHEDULES = ["v2", pytest.param("v3", marks=pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU"))]
 
 
@@ -326,7 +326,7 @@ _EDGE_LENS = (0, 1, 63, 64, 65, 127, 128, 129, 191, 257)
 @pytest.mark.parametrize("seed", range(10))
 def test_varlen_random_batches_forward_backward(seed):
     """Random packed batches (lengths at and around the 64 / 128-row blocks, empty sequences, cross lengths), a random
-    variant, head dim, dtype and GQA grouping: forward and the automatic backward (v3 on Hopper at d = 64 / 128)
+    variant, head dim, dtype and GQA grouping: forward and the automatic backward (v3 on Hopper at d = 48-128)
     against the float64 reference by the error-ratio rule."""
     g = _gen(1000 + seed)
     pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=g))]  # noqa: E731

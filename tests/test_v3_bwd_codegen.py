@@ -186,6 +186,7 @@ def test_render_every_variant(head_dim):
         assert "varlen_bwd_kv_enter" not in src, name
         packed = _render(spec, varlen=True).source
         assert "varlen_bwd_kv_enter" in packed and "varlen_bwd_pre_enter" in packed and "rows.q_start" in packed, name
+        assert "DETERMINISTIC = false" in src and "DETERMINISTIC = true" in _render(spec, deterministic=True).source
 
 
 @pytest.mark.nvcc
@@ -201,6 +202,9 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
     for name in ("causal", "document", "alibi"):  # packed sequences (the view of each CTA's sequence)
         if name in jobs:
             jobs[f"{name} varlen"] = _render(_all_specs(head_dim)[name], varlen=True).source
+    for name in ("causal", "document"):  # deterministic dQ (turns per query block), padded and packed
+        jobs[f"{name} deterministic"] = _render(_all_specs(head_dim)[name], deterministic=True).source
+        jobs[f"{name} det varlen"] = _render(_all_specs(head_dim)[name], varlen=True, deterministic=True).source
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
     for name, rep in reports.items():
