@@ -7,7 +7,8 @@ One translation unit, two kernels:
   by-value argument is ``struct V3BwdMaps`` (TMA maps of q, k, v and dO: :func:`bwd_maps`)
 
 Both kernel sources (this one and the v2 backward's ``BwdKernelSource``) answer the same launch questions:
-``entries``, ``threads``, ``smem``, ``nq_padded``, ``grids`` and ``maps`` (None for v2).
+``entries``, ``threads``, ``smem``, ``nq_padded``, ``grids``, ``turn_counters`` (0 for v2) and ``maps`` (None for
+v2).
 """
 from __future__ import annotations
 

@@ -123,7 +123,9 @@ def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool) 
 
 def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
                    varlen: bool = False) -> str | None:
-    """Why the v3 backward cannot run this problem (the v2 backward then does), or None."""
+    """Why the v3 backward cannot run this problem (the v2 backward then does), or None.  ``deterministic`` and
+    ``varlen`` are taken for the callers' symmetry with :func:`v3_bwd_auto_refusal`: v3 runs both (turn-taking dQ;
+    one view per sequence)."""
     t = resolve_target(target)
     if (t.major, t.minor) != (9, 0):
         return f"v3 backward needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only)"
