@@ -173,6 +173,10 @@ def test_maps_geometry_padded_and_packed(monkeypatch):
         ("dout", (1, 16, 300, 128), 0)]
     v2 = bwd_source(build_ir(presets.causal(128)), SM90, options={"schedule": "v2"})
     assert v2.maps(P, bp, dims) is None and v2.nq_padded(113) >= 113 and set(v2.entries) <= set(v2.grids(dims))
+    # deterministic: one turn counter per (b, h, 64-row query block); none otherwise
+    det = bwd_source(build_ir(presets.causal(128)), SM90, deterministic=True)
+    assert det.turn_counters(dims) == 3 * 16 * 2 and src.turn_counters(dims) == 0 == v2.turn_counters(dims)
+    assert det.grids(dims)["attn_bwd_kv"] == (2, 3 * 8, 1) == src.grids(dims)["attn_bwd_kv"]
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
