@@ -11,7 +11,7 @@ import pytest
 import attncompiler as ac
 from _specs import all_specs  # shared with the other render / nvcc tests
 from attncompiler.codegen.v2_bwd import BwdKernelSource
-from attncompiler.codegen.v3_bwd import V3BwdKernelSource, render_v3_bwd
+from attncompiler.codegen.v3_bwd import DqTiles, V3BwdKernelSource, render_v3_bwd
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError, ProblemDims
 from attncompiler.plan.targets import get_target
@@ -27,14 +27,14 @@ SM90 = get_target("sm_90")
 def test_plan_d128_splits_dq_by_columns():
     p = plan_v3_bwd(ProblemDims(128), SM90)
     assert (p.block_m, p.block_n, p.consumers, p.stages, p.dq_split_n) == (64, 128, 2, 2, True)
-    assert (p.dq_red, p.dq_defer) == (1, True)
+    assert (p.dq_red, p.dq_defer) == (2, True)  # one bulk reduction per warp into the tiled accumulator
     assert p.num_threads == 384 and p.consumer_regs == 240 and p.producer_regs == 24
     # 1024 slack + K, V 2 x 128 x 256 B + 2 stages x 2 x 64 x 256 B + 2 dS^T x 128 x 128 B + rows
     # + staged dQ 8 warps x 16 rows x (64 + 4) fp32 + 5 barriers
     assert p.smem_bytes == 1024 + 65536 + 65536 + 32768 + 2 * 512 + 34816 + 40 == v3_bwd_smem_bytes(128, 128, 2, 2)
     assert p.est_registers_per_thread == v3_bwd_register_estimate(128, 128, 2, True)["total"] <= 240
     text = p.describe()
-    assert "BLOCK_N=128" in text and "columns split" in text and "200744" in text
+    assert "BLOCK_N=128" in text and "columns split" in text and "200744" in text and "16-row fp32 tiles" in text
 
 
 def test_plan_d64_splits_dq_by_columns_inside_one_box():
@@ -83,6 +83,53 @@ def test_deterministic_plan():
     with pytest.raises(PlanError, match="deterministic dQ needs the warpgroups to add disjoint columns"):
         plan_v3_bwd(ProblemDims(128), SM90, deterministic=True, dq_split_n=False, consumers=2)
     assert plan_v3_bwd(ProblemDims(96), SM90, deterministic=True).consumers == 1
+    assert p.dq_red == 1  # the consumer threads' 16-byte reds, fenced before the turn passes
+
+
+def test_packed_sequences_add_dq_by_reds():
+    # a sequence's rows start anywhere in the packed batch, so its dQ rows are not the accumulator's 16-row tiles
+    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 1
+    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True, dq_red=0).dq_red == 0
+    with pytest.raises(PlanError, match="packed sequences: expected dq_red 0 or 1.*got 2"):
+        plan_v3_bwd(ProblemDims(128), SM90, varlen=True, dq_red=2)
+    with pytest.raises(PlanError, match=r"packed sequences: expected a plan with dq_red 0 or 1 .*, got 2"):
+        render_v3_bwd(build_ir(presets.plain(128)), plan_v3_bwd(ProblemDims(128), SM90), SM90, varlen=True)
+    ir = build_ir(presets.causal(128))
+    assert bwd_source(ir, SM90, varlen=True).dq_tiles is None
+    assert bwd_source(ir, SM90).dq_tiles == DqTiles(16, 64, 68)
+    assert bwd_source(build_ir(presets.plain(64)), SM90).dq_tiles == DqTiles(16, 32, 36)  # dQ split: 32 columns each
+    assert bwd_source(ir, SM90, options={"dq_red": 1}).dq_tiles is None
+    assert bwd_source(ir, get_target("sm_80")).dq_tiles is None  # the v2 backward: rows
+
+
+@pytest.mark.parametrize("nq,layout", [(113, "bhnd"), (128, "bnhd"), (7, "bnhd"), (64, "bhnd")])
+@pytest.mark.parametrize("d,split,chunk", [(128, True, 64), (64, True, 32), (80, False, 16), (64, False, 64)])
+def test_dq_from_tiled_accumulator(nq, layout, d, split, chunk):
+    # the host's reading of the tiled accumulator against the kernel's addressing (v3_bwd.cuh, DQ_RED 2): tile
+    # ((b H + h) (Nq_pad / 16) + row / 16) (D / chunk) + col / chunk, element (row % 16) (chunk + 4) + col % chunk
+    import torch
+
+    from attncompiler.runtime.backward import dq_accumulator, dq_from_accumulator
+    from attncompiler.runtime.launch import AttnInputs
+
+    B, H, rs = 2, 3, chunk + 4
+    src = dataclasses.replace(bwd_source(build_ir(presets.plain(d)), SM90),
+                              plan=dataclasses.replace(plan_v3_bwd(ProblemDims(d), SM90, dq_split_n=split), dq_red=2))
+    assert src.dq_tiles == DqTiles(16, chunk, rs) and src.nq_padded(nq) % 64 == 0
+    dims = AttnInputs(B=B, H=H, H_kv=H, Nq=nq, Nk=nq, D=d, DV=d)
+    acc = dq_accumulator(src, dims, torch.device("cpu"))
+    nq_pad = src.nq_padded(nq)
+    assert acc.shape == (B, H, nq_pad // 16, d // chunk, 16, rs) and acc.dtype == torch.float32
+    want = torch.randn(B, H, nq, d, dtype=torch.float64)
+    flat = torch.full((acc.numel(),), float("nan"), dtype=torch.float32)  # padding columns and rows: never read
+    bh = torch.arange(B * H).view(B, H, 1, 1)
+    row = torch.arange(nq).view(1, 1, nq, 1)
+    col = torch.arange(d).view(1, 1, 1, d)
+    tile = (bh * (nq_pad // 16) + row // 16) * (d // chunk) + col // chunk
+    flat[tile * 16 * rs + (row % 16) * rs + col % chunk] = want.to(torch.float32)
+    dq = torch.empty(B, nq, H, d).transpose(1, 2) if layout == "bnhd" else torch.empty(B, H, nq, d)
+    got = dq_from_accumulator(flat.view(acc.shape), src, dims, dq)
+    assert got is dq and torch.equal(got, want.to(torch.float32))
 
 
 def test_refusals():
@@ -140,7 +187,7 @@ def _all_specs(head_dim: int) -> dict[str, ac.AttentionSpec]:
 
 def _render(spec: ac.AttentionSpec, varlen: bool = False, **opts) -> V3BwdKernelSource:
     ir = build_ir(spec)
-    return render_v3_bwd(ir, plan_v3_bwd(ir, SM90, **opts), SM90, varlen=varlen)
+    return render_v3_bwd(ir, plan_v3_bwd(ir, SM90, varlen=varlen, **opts), SM90, varlen=varlen)
 
 
 class _FakeStruct:
@@ -240,7 +287,7 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
     assert "v3_bwd plan for sm_90" in out and "registers ~ dK+dV 128" in out and "200744 B" in out
-    assert "16-byte reds" in out and "deferred one step" in out and "not used" not in out
+    assert "one bulk TMA reduction per warp into a tiled accumulator" in out and "deferred one step" in out and "not used" not in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256"]) == 0
     out = capsys.readouterr().out
     assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 16 and <= 128" in out
@@ -250,6 +297,7 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--deterministic"]) == 0
     out = capsys.readouterr().out
     assert "v3_bwd plan" in out and "deterministic: the CTAs adding into a query block take turns" in out
+    assert "16-byte reds covering whole rows" in out  # the reds are fenced by their own threads
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96", "--deterministic"]) == 0
     out = capsys.readouterr().out  # 48 dQ columns per warpgroup would straddle a box: one consumer warpgroup
     assert "v3_bwd plan" in out and "1 consumer warpgroups" in out and "deterministic dQ needs" in out

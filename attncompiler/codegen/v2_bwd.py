@@ -64,6 +64,11 @@ class BwdKernelSource:
         """Launch grid of each kernel (:func:`bwd_grids`)."""
         return bwd_grids(self.plan, dims)
 
+    @property
+    def dq_tiles(self) -> None:
+        """The v2 kernels add dQ into a (B, H, Nq, D) row-major accumulator (the v3 backward may tile it)."""
+        return None
+
     def turn_counters(self, dims: AttnInputs) -> int:
         """The v2 kernels need no turn counters (its deterministic mode is a separate dQ pass)."""
         return 0

@@ -7,8 +7,8 @@ One translation unit, two kernels:
   by-value argument is ``struct V3BwdMaps`` (TMA maps of q, k, v and dO: :func:`bwd_maps`)
 
 Both kernel sources (this one and the v2 backward's ``BwdKernelSource``) answer the same launch questions:
-``entries``, ``threads``, ``smem``, ``nq_padded``, ``grids``, ``turn_counters`` (0 for v2) and ``maps`` (None for
-v2).
+``entries``, ``threads``, ``smem``, ``nq_padded``, ``grids``, ``turn_counters`` (0 for v2), ``maps`` (None for
+v2) and ``dq_tiles`` (the dQ accumulator's tiles; None for v2: rows).
 """
 from __future__ import annotations
 
@@ -16,17 +16,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.types import AttentionIR
+from ..plan.model import PlanError
 from ..plan.targets import Target
-from ..plan.v3_bwd import V3BwdPlan
+from ..plan.v3_bwd import DQ_TILE_ROWS, V3BwdPlan, dq_chunk
 from ..runtime.launch import AttnInputs
 from ..runtime.params import BWD_PARAM_FIELDS, c_struct
 from .hooks import render_prelude
 from .render import render_source
 from .v3 import PTX_TYPES
 
-__all__ = ["V3BwdKernelSource", "render_v3_bwd", "bwd_maps", "TEMPLATE"]
+__all__ = ["V3BwdKernelSource", "DqTiles", "render_v3_bwd", "bwd_maps", "TEMPLATE"]
 
 TEMPLATE = "v3_bwd.cu.j2"
+
+
+@dataclass(frozen=True)
+class DqTiles:
+    """The layout of a tiled fp32 dQ accumulator (``dq_red`` 2): (B, H, Nq_pad / rows, D / chunk, rows, row_floats),
+    one warp's staged rows x chunk columns per tile, of which columns < chunk hold dQ (the rest is the staging
+    buffer's padding, never read)."""
+
+    rows: int
+    chunk: int
+    row_floats: int
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,14 @@ class V3BwdKernelSource:
             "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.B * dims.H_kv, 1),
         }
 
+    @property
+    def dq_tiles(self) -> DqTiles | None:
+        """The tiled dQ accumulator's layout (``dq_red`` 2), or None: (B, H, Nq, D) rows."""
+        if self.plan.dq_red != 2:
+            return None
+        chunk = dq_chunk(self.plan.head_dim, self.plan.consumers, self.plan.dq_split_n)
+        return DqTiles(DQ_TILE_ROWS, chunk, chunk + 4)
+
     def turn_counters(self, dims: AttnInputs) -> int:
         """int32 turn counters the launch needs (deterministic: one per (b, h, 64-row query block)), else 0."""
         return dims.B * dims.H * (self.nq_padded(dims.Nq) // 64) if self.plan.deterministic else 0
@@ -74,6 +94,9 @@ class V3BwdKernelSource:
 def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: bool = False) -> V3BwdKernelSource:
     """CUDA source of the v3 backward kernels of ``ir`` under ``plan`` (sm_90a); ``varlen``: the packed-sequence
     kernels (runtime/varlen.py)."""
+    if varlen and plan.dq_red == 2:
+        raise PlanError("v3 backward of packed sequences: expected a plan with dq_red 0 or 1 (plan_v3_bwd(..., "
+                        "varlen=True)), got 2: a sequence's dQ rows are not the accumulator's 16-row tiles")
     src = render_source(
         TEMPLATE,
         name=ir.name,

@@ -17,8 +17,10 @@ Facts of the kernel as module constants:
   D = 64: 32 columns, an MN-major B operand starting inside the 128-byte swizzled row; only where those
   columns are whole boxes or a part of one: D = 32, 64, 128)
   (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
-  (``consumers`` reds per element).  Both add into the fp32 accumulator the v2 backward's atomic mode
-  uses.  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
+  (``consumers`` reds per element).  Each warp stages its 16-row dQ chunk in shared memory and, by default
+  (``dq_red`` 2), adds it with one bulk reduction into an fp32 accumulator tiled by 16 rows and dQ chunk;
+  deterministic dQ and packed sequences add it by 16-byte reds into the row-major accumulator the v2
+  backward's atomic mode uses (``dq_red`` 1).  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
   (a counter per (b, h, query block), acquire / release), so dQ's fp32 sums are the same on every run; the
   warpgroups then add disjoint columns (dQ split by columns, or one consumer warpgroup) and the walk visits
   the query blocks in one fixed, descending order.
@@ -36,7 +38,7 @@ from .v2_bwd import PRE_ROWS, PRE_WARPS
 
 __all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "v3_bwd_register_estimate", "v3_bwd_refusal",
            "v3_bwd_auto_refusal", "AUTO_MIN_HEAD_DIM", "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD",
-           "STAGES", "V3_BWD_OPTIONS"]
+           "STAGES", "V3_BWD_OPTIONS", "DQ_TILE_ROWS"]
 
 BLOCK_M = 64           # query rows per step (see the module docstring)
 WGMMA_M = 64           # keys per consumer warpgroup
@@ -54,12 +56,15 @@ PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
 V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer")
-DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + bulk reductions
-DQ_RED_WHY = {  # measured on an H100, 2026-11-27 (docs/backward.md): d128 / d128 causal / d64 backward TFLOP/s
-    0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100)",
-    1: "staged per warp, 16-byte reds covering whole rows (the fastest: 461 / 403 / 311 TFLOP/s, H100)",
-    2: "staged per warp, one bulk TMA reduction per row (422 / 372 / 302 TFLOP/s, H100)",
+DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + one bulk reduction per warp
+DQ_RED_WHY = {  # docs/backward.md: d128 / d128 causal / d64 backward TFLOP/s
+    0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100, 2026-11-27)",
+    1: "staged per warp, 16-byte reds covering whole rows (461 / 403 / 311 TFLOP/s, H100, 2026-11-27; 450 / 420 / "
+       "378 on an H200, 2026-11-28)",
+    2: "staged per warp, one bulk TMA reduction per warp into a tiled accumulator (the fastest: 512 / 476 / 395 "
+       "TFLOP/s, H200, 2026-11-28)",
 }  # plan_v3_bwd's keyword options
+DQ_TILE_ROWS = 16      # dq_red 2: accumulator tiles of one warp's 16 rows (V3BwdLayout::kDqTileFloats)
 SMEM_LIMIT_SM90 = 232448  # 227 KB per block (opt-in) on sm_90
 ALIGN_SLACK = 1024     # the dynamic shared memory base is only 16-byte aligned; tiles need 1024
 
@@ -85,7 +90,7 @@ class V3BwdPlan(Plan):
         lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({self.consumers} consumer warpgroups of "
                     f"64) x BLOCK_M={self.block_m} query rows per step, {self.stages} Q/dO stages; "
                     f"{self.num_threads} threads")
-        lines.append(f"  dQ: fp32 reds, " + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
+        lines.append(("  dQ: staged, bulk reductions into 16-row fp32 tiles, " if self.dq_red == 2 else "  dQ: fp32 reds, ") + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
                                               if self.dq_split_n else "keys split over the warpgroups (all columns)")
                      + ("; deterministic: CTAs take turns per query block in key-block order" if self.deterministic
                         else ""))
@@ -152,9 +157,11 @@ def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, determi
 
 
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,
-                stages: int | None = None, dq_split_n: bool | None = None, dq_red: int = 1,
-                dq_defer: bool = True, deterministic: bool = False) -> V3BwdPlan:
-    """The v3 backward plan (forced values override the search); PlanError with every rejection's reason."""
+                stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
+                dq_defer: bool = True, deterministic: bool = False, varlen: bool = False) -> V3BwdPlan:
+    """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
+    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator), or 1 where that cannot run: deterministic
+    dQ (reds fenced by the consumer threads) and packed sequences (``varlen``: rows start anywhere, not on tiles)."""
     t = resolve_target(target)
     why_not = v3_bwd_refusal(ir_or_dims, t)
     if why_not is not None:
@@ -163,6 +170,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     d, dv = dims.head_dim, dims.head_dim_v
     if consumers is not None and consumers not in CONSUMERS:
         raise PlanError(f"v3 backward: expected consumers in {CONSUMERS}, got {consumers!r}")
+    if dq_red is None:
+        dq_red = 1 if deterministic or varlen else 2
     if dq_red not in DQ_REDS:
         raise PlanError(f"v3 backward: expected dq_red in {DQ_REDS}, got {dq_red!r}")
     if stages is not None and stages not in STAGES:
@@ -170,6 +179,9 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     if deterministic and dq_red == 2:
         raise PlanError("deterministic v3 backward: expected dq_red 0 or 1 (reds by the consumer threads, fenced "
                         "before the turn passes), got 2 (bulk reductions)")
+    if varlen and dq_red == 2:
+        raise PlanError("v3 backward of packed sequences: expected dq_red 0 or 1 (a sequence's rows start anywhere, "
+                        "so its dQ rows are not the accumulator's 16-row tiles), got 2 (bulk reductions into tiles)")
     limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
     rejected: list[str] = []
     for nc in ((consumers,) if consumers is not None else CONSUMERS):

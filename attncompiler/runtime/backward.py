@@ -61,7 +61,8 @@ def bwd_source(ir: AttentionIR, target: Target, *, deterministic: bool = False,
         if schedule == "auto" and refusal is None and not set(opts) <= set(V3_BWD_OPTIONS):
             refusal = f"plan options {sorted(set(opts) - set(V3_BWD_OPTIONS))} are the v2 backward's"
         if schedule == "v3" or (schedule == "auto" and refusal is None):
-            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
+            hit = render_v3_bwd(ir, plan_v3_bwd(ir, target, deterministic=deterministic, varlen=varlen, **opts), target,
+                                varlen=varlen)
         else:
             hit = render_bwd(ir, make_bwd_plan(ir, target, deterministic=deterministic, **opts), target, varlen=varlen)
         with _lock:
@@ -139,6 +140,32 @@ def turn_counters(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, de
     return own.data_ptr(), own
 
 
+def dq_accumulator(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, device: torch.device) -> torch.Tensor:
+    """The zeroed fp32 dQ accumulator of a padded-batch launch: (B, H, Nq, D) rows, or with ``src.dq_tiles`` the
+    tiles (B, H, Nq_pad / rows, D / chunk, rows, row_floats)."""
+    t = src.dq_tiles
+    if t is None:
+        return torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=device, dtype=torch.float32)
+    return torch.zeros(dims.B, dims.H, src.nq_padded(dims.Nq) // t.rows, dims.D // t.chunk, t.rows, t.row_floats,
+                       device=device, dtype=torch.float32)
+
+
+def dq_from_accumulator(acc: torch.Tensor, src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs,
+                        dq: torch.Tensor) -> torch.Tensor:
+    """dq (a (B, H, Nq, D) view, any layout) <- the accumulator :func:`dq_accumulator` made, converted."""
+    t = src.dq_tiles
+    if t is None:
+        return dq.copy_(acc)
+    tiles = acc[..., :t.chunk].permute(0, 1, 2, 4, 3, 5)  # (B, H, Nq_pad / rows, rows, D / chunk, chunk)
+    whole, rest = divmod(dims.Nq, t.rows)
+    cols = (dims.D // t.chunk, t.chunk)
+    if whole:
+        dq[:, :, :whole * t.rows].unflatten(2, (whole, t.rows)).unflatten(4, cols).copy_(tiles[:, :, :whole])
+    if rest:
+        dq[:, :, whole * t.rows:].unflatten(3, cols).copy_(tiles[:, :, whole, :rest])
+    return dq
+
+
 def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv: torch.Tensor,
                dq_accum: torch.Tensor | None, dlse: torch.Tensor | None, ws: torch.Tensor, nq_pad: int,
                dq_sem: int = 0) -> Any:
@@ -201,7 +228,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
         dv.fill_(fill)
     atomic = plan.dq_mode == "atomic"
     if atomic:
-        dq_accum = torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=q.device, dtype=torch.float32)
+        dq_accum = dq_accumulator(src, dims, q.device)
         dq = None
     else:
         dq_accum = None
@@ -225,5 +252,5 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
             launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
     del sem_owner  # (the caching allocator reuses it only after the launches queued on this stream)
     if atomic:
-        dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).copy_(dq_accum)  # type: ignore[arg-type]
+        dq = dq_from_accumulator(dq_accum, src, dims, _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype))
     return dq, dk, dv  # type: ignore[return-value]
