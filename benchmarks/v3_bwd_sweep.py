@@ -4,8 +4,9 @@
 
 Each item is ``d:variant[:option=value...]``: the variant is ``plain``, ``causal`` or ``cudnn`` / ``cudnn_causal``
 (torch SDPA's cuDNN backend, the reference); the options are the backward's (``schedule`` "v2" / "v3" / "auto",
-v3's ``consumers``, ``stages``, ``dq_split_n``, or v2's plan options; ``n=4096`` sets the sequence length, B =
-16384 // n).  FLOPs: backward = 2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
+v3's ``consumers``, ``stages``, ``dq_split_n``, ``dq_red``, or v2's plan options; ``n=4096`` sets the sequence
+length, B = 16384 // n; ``deterministic=true`` calls the kernel with ``deterministic=True``).  FLOPs: backward =
+2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
 ``torch.autograd.grad`` of a retained graph (backward only; triton's do_bench median over two input sets); with
 ROUNDS > 1 configs are timed once per round in order, and the median over the rounds is printed last.
 """
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> int:
         d = int(d_s)
         options = {k: _value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", 16384))
+        det = bool(options.pop("deterministic", False))
         B, H = max(1, 16384 // N), 2048 // d
         if (d, N) not in inputs:
             sets = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
@@ -56,7 +58,7 @@ def main(argv: list[str]) -> int:
             else:
                 fn = ac.compile(presets.causal(d) if causal else presets.plain(d))
                 fn.backward_options = options
-            outs = [fn(*s) for s in sets]
+            outs = [fn(*s, deterministic=True) if det else fn(*s) for s in sets]
             it = [0]
 
             def bwd(outs=outs):

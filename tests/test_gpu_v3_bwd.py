@@ -201,8 +201,8 @@ def test_v3_backward_refusals_name_the_reason():
     kern = _kernel(presets.causal(256), schedule="v3")
     with pytest.raises(PlanError, match="multiple of 16 and <= 128"):
         kern.backward_source()
-    with pytest.raises(PlanError, match="deterministic v3 backward: expected dq_red 0 or 1"):
-        _kernel(presets.causal(128), schedule="v3", dq_red=2).backward_source(deterministic=True)
+    with pytest.raises(PlanError, match=r"expected dq_red in \(0, 1, 2\), got 3"):
+        _kernel(presets.causal(128), schedule="v3", dq_red=3).backward_source(deterministic=True)
     with pytest.raises(PlanError, match="expected one of"):
         _kernel(presets.causal(128), schedule="v4").backward_source()
 

@@ -78,12 +78,11 @@ def test_plan_rejections_carry_numbers():
 def test_deterministic_plan():
     p = plan_v3_bwd(ProblemDims(128), SM90, deterministic=True)
     assert p.deterministic and p.dq_split_n and p.consumers == 2
-    with pytest.raises(PlanError, match="expected dq_red 0 or 1"):
-        plan_v3_bwd(ProblemDims(128), SM90, deterministic=True, dq_red=2)
+    assert plan_v3_bwd(ProblemDims(128), SM90, deterministic=True, dq_red=1).dq_red == 1
     with pytest.raises(PlanError, match="deterministic dQ needs the warpgroups to add disjoint columns"):
         plan_v3_bwd(ProblemDims(128), SM90, deterministic=True, dq_split_n=False, consumers=2)
     assert plan_v3_bwd(ProblemDims(96), SM90, deterministic=True).consumers == 1
-    assert p.dq_red == 1  # the consumer threads' 16-byte reds, fenced before the turn passes
+    assert p.dq_red == 2  # bulk reductions, waited for (complete, not only read) before the turn passes
 
 
 def test_packed_sequences_add_dq_by_reds():
@@ -297,7 +296,7 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--deterministic"]) == 0
     out = capsys.readouterr().out
     assert "v3_bwd plan" in out and "deterministic: the CTAs adding into a query block take turns" in out
-    assert "16-byte reds covering whole rows" in out  # the reds are fenced by their own threads
+    assert "one bulk TMA reduction per warp into a tiled accumulator" in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96", "--deterministic"]) == 0
     out = capsys.readouterr().out  # 48 dQ columns per warpgroup would straddle a box: one consumer warpgroup
     assert "v3_bwd plan" in out and "1 consumer warpgroups" in out and "deterministic dQ needs" in out

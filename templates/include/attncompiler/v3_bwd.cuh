@@ -93,7 +93,7 @@ struct V3BwdLayout {
                 "head dims: multiples of 16 (wgmma k16 steps / n), at most 128 (dK and dV stay in registers)");
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
   static_assert(!Cfg::DETERMINISTIC || kSplitN || NC == 1, "deterministic dQ: the warpgroups add disjoint columns");
-  static_assert(!Cfg::DETERMINISTIC || DQ_RED != 2, "deterministic dQ: reds by the consumer threads (fenced per warp)");
+  static constexpr bool kDeterministic = Cfg::DETERMINISTIC;
   static_assert(!Cfg::VARLEN || DQ_RED != 2, "packed sequences start at any row: no 16-row tiles of the accumulator");
   static_assert(D % DQ_CHUNK == 0 && (kDqTileFloats * 4) % 16 == 0, "DQ_RED 2: whole tiles, 16-byte bulk sizes");
   static_assert(!kSplitN || (DQ_N % 64 == 0 || 64 % DQ_N == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole "
@@ -198,6 +198,8 @@ __device__ __forceinline__ void v3_bwd_dq_staged(const float (&acc)[L::DQ_CHUNK 
     fence_proxy_async_shared();
     __syncwarp();
     if (lane == 0) {
+      // deterministic: the turn was taken by an acquire (generic proxy); order this reduction after it
+      if constexpr (L::kDeterministic) asm volatile("fence.proxy.async.global;\n" ::: "memory");
       bulk_reduce_add_f32(gdq, s_stage, L::kDqTileFloats * 4);  // rows past Nq land in the tile's padding rows
       bulk_commit();
     }
@@ -345,6 +347,14 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   auto pass_turn = [&]() {
     if constexpr (Cfg::DETERMINISTIC) {
       if (turn_sem == nullptr) return;
+      if constexpr (L::DQ_RED == 2) {
+        // the turn's bulk reductions have completed (not only read their shared memory) and are ordered before
+        // the release below (async proxy -> generic proxy)
+        if (lane == 0) {
+          bulk_wait_all();
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        }
+      }
       __threadfence();
       named_bar_sync(13, 128 * NC);
       if (threadIdx.x == 128) {
