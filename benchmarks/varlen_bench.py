@@ -2,11 +2,12 @@
 forward+backward times (median of triton.testing.do_bench), causal, bf16.
 
     PYTHONPATH=. python3 benchmarks/varlen_bench.py [--head-dim 128] [--heads 16] [--schedule v2|v3|auto]
-        [--backward auto,v2]
+        [--backward auto,v2,v3:dq_red=1]
 
 The schedule is the compiled kernel's (v3: Hopper; packed batches then run the v3 varlen forward). The
 backward runs once per ``--backward`` schedule (``kern.backward_options["schedule"]``: auto = v3 on sm_90 at
-d = 64 / 128, packed batches included, else v2), so the backwards are compared in one process.
+d = 48-128, packed batches included, else v2; ``schedule:option=value...`` adds backward plan options), so the
+backwards are compared in one process.
 """
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def main() -> None:
 
         name = str(lens) if len(lens) <= 8 else f"{len(lens)} random in [1, 2048), total {tq}"
         for bwd in args.backward.split(","):
-            kern.backward_options = {"schedule": bwd}
+            sched, *opts = bwd.split(":")
+            kern.backward_options = {"schedule": sched,
+                                     **{k: int(v) if v.isdigit() else v for k, v in (o.split("=") for o in opts)}}
             t = [triton.testing.do_bench(f, warmup=50, rep=300, return_mode="median") for f in (fv, fp, bv, bp)]
             print(f"{name[:36]:36s} bwd {bwd:4s}" + " ".join(f"{x:9.3f}ms" for x in t))
             kt = [_kernel_ms(f) for f in (fv, fp, bv, bp)]

@@ -85,16 +85,13 @@ def test_deterministic_plan():
     assert p.dq_red == 2  # bulk reductions, waited for (complete, not only read) before the turn passes
 
 
-def test_packed_sequences_add_dq_by_reds():
-    # a sequence's rows start anywhere in the packed batch, so its dQ rows are not the accumulator's 16-row tiles
-    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 1
+def test_dq_tiles_of_the_sources():
+    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 2  # packed sequences tile it too
     assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True, dq_red=0).dq_red == 0
-    with pytest.raises(PlanError, match="packed sequences: expected dq_red 0 or 1.*got 2"):
-        plan_v3_bwd(ProblemDims(128), SM90, varlen=True, dq_red=2)
-    with pytest.raises(PlanError, match=r"packed sequences: expected a plan with dq_red 0 or 1 .*, got 2"):
-        render_v3_bwd(build_ir(presets.plain(128)), plan_v3_bwd(ProblemDims(128), SM90), SM90, varlen=True)
     ir = build_ir(presets.causal(128))
-    assert bwd_source(ir, SM90, varlen=True).dq_tiles is None
+    assert bwd_source(ir, SM90, varlen=True).dq_tiles == DqTiles(16, 64, 68)
+    src = bwd_source(ir, SM90, varlen=True).source
+    assert "varlen_bwd_kv_enter<V3BwdConfig::D, ac::V3BwdLayout<V3BwdConfig>::kDqTiledRowFloats>" in src
     assert bwd_source(ir, SM90).dq_tiles == DqTiles(16, 64, 68)
     assert bwd_source(build_ir(presets.plain(64)), SM90).dq_tiles == DqTiles(16, 32, 36)  # dQ split: 32 columns each
     assert bwd_source(ir, SM90, options={"dq_red": 1}).dq_tiles is None
@@ -105,7 +102,7 @@ def test_packed_sequences_add_dq_by_reds():
 @pytest.mark.parametrize("d,split,chunk", [(128, True, 64), (64, True, 32), (80, False, 16), (64, False, 64)])
 def test_dq_from_tiled_accumulator(nq, layout, d, split, chunk):
     # the host's reading of the tiled accumulator against the kernel's addressing (v3_bwd.cuh, DQ_RED 2): tile
-    # ((b H + h) (Nq_pad / 16) + row / 16) (D / chunk) + col / chunk, element (row % 16) (chunk + 4) + col % chunk
+    # (((b Nq_pad + row) / 16) H + h) (D / chunk) + col / chunk, element (row % 16) (chunk + 4) + col % chunk
     import torch
 
     from attncompiler.runtime.backward import dq_accumulator, dq_from_accumulator
@@ -118,17 +115,53 @@ def test_dq_from_tiled_accumulator(nq, layout, d, split, chunk):
     dims = AttnInputs(B=B, H=H, H_kv=H, Nq=nq, Nk=nq, D=d, DV=d)
     acc = dq_accumulator(src, dims, torch.device("cpu"))
     nq_pad = src.nq_padded(nq)
-    assert acc.shape == (B, H, nq_pad // 16, d // chunk, 16, rs) and acc.dtype == torch.float32
+    assert acc.shape == (B, nq_pad // 16, H, d // chunk, 16, rs) and acc.dtype == torch.float32
     want = torch.randn(B, H, nq, d, dtype=torch.float64)
     flat = torch.full((acc.numel(),), float("nan"), dtype=torch.float32)  # padding columns and rows: never read
-    bh = torch.arange(B * H).view(B, H, 1, 1)
+    b_ = torch.arange(B).view(B, 1, 1, 1)
+    h_ = torch.arange(H).view(1, H, 1, 1)
     row = torch.arange(nq).view(1, 1, nq, 1)
     col = torch.arange(d).view(1, 1, 1, d)
-    tile = (bh * (nq_pad // 16) + row // 16) * (d // chunk) + col // chunk
+    tile = (((b_ * nq_pad + row) // 16) * H + h_) * (d // chunk) + col // chunk
     flat[tile * 16 * rs + (row % 16) * rs + col % chunk] = want.to(torch.float32)
     dq = torch.empty(B, nq, H, d).transpose(1, 2) if layout == "bnhd" else torch.empty(B, H, nq, d)
     got = dq_from_accumulator(flat.view(acc.shape), src, dims, dq)
     assert got is dq and torch.equal(got, want.to(torch.float32))
+
+
+@pytest.mark.parametrize("lens", [(113, 1, 64, 300, 0, 17), (1023,), (16, 48, 64, 80)])
+def test_dq_from_tiled_accumulator_packed(lens):
+    # packed sequences: varlen.cuh moves sequence b's accumulator rows to 64 (q_start / 64 + b) + row
+    import torch
+
+    from attncompiler.runtime.varlen import VarlenInputs, _gather_dq, varlen_dq_accumulator, varlen_dq_rows
+
+    H, d, chunk = 3, 128, 64
+    rs = chunk + 4
+    tiles = DqTiles(16, chunk, rs)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    B, total = len(lens), cu[-1]
+    vi = VarlenInputs(B=B, H=H, H_kv=H, D=d, DV=d, total_q=total, total_k=total, max_q=max(lens), max_k=max(lens),
+                      cu_q=tuple(cu), cu_k=tuple(cu))
+    acc = varlen_dq_accumulator(tiles, vi, torch.device("cpu"))
+    assert acc.shape == (varlen_dq_rows(vi) // 16, H, d // chunk, 16, rs)
+    want = torch.randn(total, H, d).to(torch.bfloat16)
+    flat = torch.full((acc.numel(),), float("nan"), dtype=torch.float32)
+    for b in range(B):
+        first = 64 * (cu[b] // 64 + b)
+        nqp = -(-lens[b] // 64) * 64  # the kernel writes whole 64-row query blocks
+        assert first + nqp <= varlen_dq_rows(vi)
+        if b:  # past the previous sequence's last 64-row block
+            assert first >= 64 * (cu[b - 1] // 64 + b - 1) + -(-lens[b - 1] // 64) * 64
+        r = torch.arange(lens[b]).view(-1, 1, 1) + first
+        h_ = torch.arange(H).view(1, H, 1)
+        col = torch.arange(d).view(1, 1, d)
+        tile = ((r // 16) * H + h_) * (d // chunk) + col // chunk
+        flat[tile * 16 * rs + (r % 16) * rs + col % chunk] = want[cu[b]:cu[b + 1]].to(torch.float32)
+    got = _gather_dq(flat.view(acc.shape), torch.tensor(cu, dtype=torch.int32), vi, torch.bfloat16, tiles)
+    assert got.shape == (total, H, d) and torch.equal(got, want)
 
 
 def test_refusals():
@@ -286,7 +319,8 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
     assert "v3_bwd plan for sm_90" in out and "registers ~ dK+dV 128" in out and "200744 B" in out
-    assert "one bulk TMA reduction per warp into a tiled accumulator" in out and "deferred one step" in out and "not used" not in out
+    assert "one bulk TMA reduction per warp into a tiled accumulator" in out
+    assert "deferred one step" in out and "not used" not in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256"]) == 0
     out = capsys.readouterr().out
     assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 16 and <= 128" in out

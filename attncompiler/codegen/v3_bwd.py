@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.types import AttentionIR
-from ..plan.model import PlanError
 from ..plan.targets import Target
 from ..plan.v3_bwd import DQ_TILE_ROWS, V3BwdPlan, dq_chunk
 from ..runtime.launch import AttnInputs
@@ -32,9 +31,10 @@ TEMPLATE = "v3_bwd.cu.j2"
 
 @dataclass(frozen=True)
 class DqTiles:
-    """The layout of a tiled fp32 dQ accumulator (``dq_red`` 2): (B, H, Nq_pad / rows, D / chunk, rows, row_floats),
-    one warp's staged rows x chunk columns per tile, of which columns < chunk hold dQ (the rest is the staging
-    buffer's padding, never read)."""
+    """The layout of a tiled fp32 dQ accumulator (``dq_red`` 2): (accumulator rows / rows, H, D / chunk, rows,
+    row_floats), one warp's staged rows x chunk columns per tile, of which columns < chunk hold dQ (the rest is
+    the staging buffer's padding, never read).  Accumulator rows: b * Nq_pad + row in a padded batch; packed
+    sequences start at row 64 (q_start / 64 + b) (``varlen.cuh``)."""
 
     rows: int
     chunk: int
@@ -94,9 +94,6 @@ class V3BwdKernelSource:
 def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: bool = False) -> V3BwdKernelSource:
     """CUDA source of the v3 backward kernels of ``ir`` under ``plan`` (sm_90a); ``varlen``: the packed-sequence
     kernels (runtime/varlen.py)."""
-    if varlen and plan.dq_red == 2:
-        raise PlanError("v3 backward of packed sequences: expected a plan with dq_red 0 or 1 (plan_v3_bwd(..., "
-                        "varlen=True)), got 2: a sequence's dQ rows are not the accumulator's 16-row tiles")
     src = render_source(
         TEMPLATE,
         name=ir.name,

@@ -19,8 +19,7 @@ Facts of the kernel as module constants:
   (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
   (``consumers`` reds per element).  Each warp stages its 16-row dQ chunk in shared memory and, by default
   (``dq_red`` 2), adds it with one bulk reduction into an fp32 accumulator tiled by 16 rows and dQ chunk;
-  packed sequences add it by 16-byte reds into the row-major accumulator the v2 backward's atomic mode uses
-  (``dq_red`` 1).  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
+  ``dq_red`` 1 adds it by 16-byte reds into the row-major accumulator the v2 backward's atomic mode uses.  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
   (a counter per (b, h, query block), acquire / release), so dQ's fp32 sums are the same on every run; the
   warpgroups then add disjoint columns (dQ split by columns, or one consumer warpgroup) and the walk visits
   the query blocks in one fixed, descending order.
@@ -160,8 +159,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
                 dq_defer: bool = True, deterministic: bool = False, varlen: bool = False) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
-    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator), or 1 where that cannot run: packed
-    sequences (``varlen``: rows start anywhere, not on tiles)."""
+    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator).  ``varlen`` (packed sequences) is taken
+    for the callers' symmetry: every option runs there."""
     t = resolve_target(target)
     why_not = v3_bwd_refusal(ir_or_dims, t)
     if why_not is not None:
@@ -171,14 +170,11 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     if consumers is not None and consumers not in CONSUMERS:
         raise PlanError(f"v3 backward: expected consumers in {CONSUMERS}, got {consumers!r}")
     if dq_red is None:
-        dq_red = 1 if varlen else 2
+        dq_red = 2
     if dq_red not in DQ_REDS:
         raise PlanError(f"v3 backward: expected dq_red in {DQ_REDS}, got {dq_red!r}")
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
-    if varlen and dq_red == 2:
-        raise PlanError("v3 backward of packed sequences: expected dq_red 0 or 1 (a sequence's rows start anywhere, "
-                        "so its dQ rows are not the accumulator's 16-row tiles), got 2 (bulk reductions into tiles)")
     limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
     rejected: list[str] = []
     for nc in ((consumers,) if consumers is not None else CONSUMERS):

@@ -142,11 +142,11 @@ def turn_counters(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, de
 
 def dq_accumulator(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, device: torch.device) -> torch.Tensor:
     """The zeroed fp32 dQ accumulator of a padded-batch launch: (B, H, Nq, D) rows, or with ``src.dq_tiles`` the
-    tiles (B, H, Nq_pad / rows, D / chunk, rows, row_floats)."""
+    tiles (B, Nq_pad / rows, H, D / chunk, rows, row_floats)."""
     t = src.dq_tiles
     if t is None:
         return torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=device, dtype=torch.float32)
-    return torch.zeros(dims.B, dims.H, src.nq_padded(dims.Nq) // t.rows, dims.D // t.chunk, t.rows, t.row_floats,
+    return torch.zeros(dims.B, src.nq_padded(dims.Nq) // t.rows, dims.H, dims.D // t.chunk, t.rows, t.row_floats,
                        device=device, dtype=torch.float32)
 
 
@@ -156,7 +156,7 @@ def dq_from_accumulator(acc: torch.Tensor, src: BwdKernelSource | V3BwdKernelSou
     t = src.dq_tiles
     if t is None:
         return dq.copy_(acc)
-    tiles = acc[..., :t.chunk].permute(0, 1, 2, 4, 3, 5)  # (B, H, Nq_pad / rows, rows, D / chunk, chunk)
+    tiles = acc[..., :t.chunk].permute(0, 2, 1, 4, 3, 5)  # (B, H, Nq_pad / rows, rows, D / chunk, chunk)
     whole, rest = divmod(dims.Nq, t.rows)
     cols = (dims.D // t.chunk, t.chunk)
     if whole:

@@ -28,7 +28,7 @@ import dataclasses
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -37,6 +37,9 @@ from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from .compiler import LoadedKernel, compile_kernel
 from .launch import AttnInputs, InputError, check_index_limit, check_out, launch, pack_params, prepare_buffers
+
+if TYPE_CHECKING:
+    from ..codegen.v3_bwd import DqTiles
 
 __all__ = ["VarlenInputs", "check_varlen", "varlen_fwd_source", "run_varlen_forward", "run_varlen_backward"]
 
@@ -313,13 +316,38 @@ def _rows_of(cu: tuple[int, ...], pick: list[int], device: torch.device) -> torc
     return torch.tensor(idx, dtype=torch.long, device=device)
 
 
-def _gather_dq(acc: torch.Tensor, cu_q: torch.Tensor, vi: VarlenInputs, dtype: torch.dtype) -> torch.Tensor:
-    """dq (total_q, H, D) from the atomic accumulator: one (H, Nq_b, D) block per sequence at q_start*H*D."""
+def varlen_dq_rows(vi: VarlenInputs) -> int:
+    """Rows of a tiled dQ accumulator over packed sequences: sequence b's rows start at 64 (q_start / 64 + b)
+    (``varlen.cuh``), 64-aligned and past the previous sequence's last 64-row query block."""
+    return 64 * (-(-vi.total_q // 64) + vi.B)
+
+
+def varlen_dq_accumulator(tiles: DqTiles | None, vi: VarlenInputs, device: torch.device) -> torch.Tensor:
+    """The zeroed fp32 dQ accumulator of a packed batch: one (H, Nq_b, D) block per sequence, or ``tiles``
+    (accumulator rows / rows, H, D / chunk, rows, row_floats) over :func:`varlen_dq_rows` rows."""
+    if tiles is None:
+        return torch.zeros(vi.total_q * vi.H * vi.D, device=device, dtype=torch.float32)
+    return torch.zeros(varlen_dq_rows(vi) // tiles.rows, vi.H, vi.D // tiles.chunk, tiles.rows, tiles.row_floats,
+                       device=device, dtype=torch.float32)
+
+
+def _gather_dq(acc: torch.Tensor, cu_q: torch.Tensor, vi: VarlenInputs, dtype: torch.dtype,
+               tiles: DqTiles | None = None) -> torch.Tensor:
+    """dq (total_q, H, D) from the atomic accumulator (:func:`varlen_dq_accumulator`)."""
     dev = acc.device
     cu = cu_q.to(torch.long)
     lens = cu[1:] - cu[:-1]
     seq = torch.repeat_interleave(torch.arange(vi.B, device=dev), lens, output_size=vi.total_q)
     start, ln = cu[:-1][seq], lens[seq]
+    if tiles is not None:
+        # accumulator row of each packed row, then the index of each (row, h, chunk)'s row_floats-wide unit in the
+        # (rows / 16, H, D / chunk, 16, row_floats) tiles: one index_select of contiguous units
+        row = torch.arange(vi.total_q, device=dev) + 64 * (start // 64 + seq) - start
+        nc = vi.D // tiles.chunk
+        hc = torch.arange(vi.H * nc, device=dev) * tiles.rows  # (h, chunk) of a tile row, in units
+        unit = ((row // tiles.rows) * (vi.H * nc * tiles.rows) + row % tiles.rows).unsqueeze(1) + hc.unsqueeze(0)
+        units = acc.view(-1, tiles.row_floats).index_select(0, unit.view(-1))[:, :tiles.chunk]
+        return units.to(dtype).view(vi.total_q, vi.H, vi.D)
     rows = torch.arange(vi.total_q, device=dev) - start
     heads = torch.arange(vi.H, device=dev)
     idx = (start * vi.H + rows).unsqueeze(1) + heads.unsqueeze(0) * ln.unsqueeze(1)  # (total_q, H)
@@ -366,7 +394,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     plan = src.plan
     fns = load_bwd(src, _dev_index(q))
     atomic = plan.dq_mode == "atomic"
-    dq_accum = torch.zeros(vi.total_q * vi.H * vi.D, device=q.device, dtype=torch.float32) if atomic else None
+    dq_accum = varlen_dq_accumulator(src.dq_tiles, vi, q.device) if atomic else None
     dq = None if atomic else alloc(vi.total_q, vi.H, vi.D)
     dims = vi.launch_dims()
     nq_pad = src.nq_padded(vi.max_q)
@@ -396,5 +424,5 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
         dk[rows] = 0
         dv[rows] = 0
     if atomic:
-        dq = _gather_dq(dq_accum, cu_q, vi, q.dtype)  # type: ignore[arg-type]
+        dq = _gather_dq(dq_accum, cu_q, vi, q.dtype, src.dq_tiles)  # type: ignore[arg-type]
     return dq, dk, dv  # type: ignore[return-value]

@@ -78,9 +78,11 @@ struct V3BwdLayout {
   // accumulator
   static constexpr int DQ_RED = Cfg::DQ_RED;
   static constexpr int kDqRowFloats = DQ_CHUNK + 4;  // staged row stride (16 bytes of padding: fewer bank conflicts)
-  // DQ_RED 2: the fp32 accumulator is tiled as [B][H][Nq_pad / 16][D / DQ_CHUNK][16][kDqRowFloats], so one warp's
-  // staged 16 x DQ_CHUNK tile (padding included) is one contiguous bulk reduction (the host reads columns < DQ_CHUNK)
+  // DQ_RED 2: the fp32 accumulator is tiled as [rows / 16][H][D / DQ_CHUNK][16][kDqRowFloats], rows = B x Nq_pad
+  // (packed sequences: varlen.cuh moves each sequence's rows), so one warp's staged 16 x DQ_CHUNK tile (padding
+  // included) is one contiguous bulk reduction (the host reads columns < DQ_CHUNK)
   static constexpr int kDqTileFloats = 16 * kDqRowFloats;
+  static constexpr int kDqTiledRowFloats = DQ_RED == 2 ? (D / DQ_CHUNK) * kDqRowFloats : 0;  // per row and head
   static constexpr int kDqStageBytes = DQ_RED ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
   static constexpr int kBarOffset = kDqStageOffset + kDqStageBytes;
   static constexpr int kNumBars = 1 + 2 * STAGES;
@@ -94,7 +96,6 @@ struct V3BwdLayout {
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
   static_assert(!Cfg::DETERMINISTIC || kSplitN || NC == 1, "deterministic dQ: the warpgroups add disjoint columns");
   static constexpr bool kDeterministic = Cfg::DETERMINISTIC;
-  static_assert(!Cfg::VARLEN || DQ_RED != 2, "packed sequences start at any row: no 16-row tiles of the accumulator");
   static_assert(D % DQ_CHUNK == 0 && (kDqTileFloats * 4) % 16 == 0, "DQ_RED 2: whole tiles, 16-byte bulk sizes");
   static_assert(!kSplitN || (DQ_N % 64 == 0 || 64 % DQ_N == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole "
                 "boxes of K or a part of one box (an MN-major B operand may start 16-byte aligned inside the row)");
@@ -432,9 +433,9 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       } else if constexpr (L::DQ_RED == 1) {
         v3_bwd_dq_staged<L>(acc_dq, sDqStage, gdq - 2 * t + c * L::DQ_CHUNK, q0 + 16 * warp_wg, p.Nq);
       } else {
-        // the tile of rows q0 + 16 warp_wg.. and columns col .. col + DQ_CHUNK (see V3BwdLayout::kDqTileFloats)
-        const long long tile = ((long long)(b * p.H + h) * (bp.Nq_pad / 16) + (q0 + 16 * warp_wg) / 16) * (D / L::DQ_CHUNK)
-                               + col / L::DQ_CHUNK;
+        // the tile of accumulator rows trow.. and columns col .. col + DQ_CHUNK (V3BwdLayout::kDqTileFloats)
+        const long long trow = (long long)b * bp.Nq_pad + q0 + 16 * warp_wg;
+        const long long tile = ((trow / 16) * p.H + h) * (D / L::DQ_CHUNK) + col / L::DQ_CHUNK;
         v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + tile * L::kDqTileFloats, q0 + 16 * warp_wg, p.Nq);
       }
     }

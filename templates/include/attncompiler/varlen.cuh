@@ -15,7 +15,9 @@
 // Row-indexed arrays that the kernels address as ptr[(b*H + h) * p.Nq + row] get a moved base so
 // that the same expression lands in their packed layout:
 //   lse, dlse   (H, total_q) float32        element (h, q_start + row)
-//   dq_accum    one (H, Nq_b, D) block per sequence at q_start * H * D (fp32, atomic dQ)
+//   dq_accum    one (H, Nq_b, D) block per sequence at q_start * H * D (fp32, atomic dQ); or, tiled (v3,
+//               kTiledRow > 0: [rows / 16][H][...] with b * Nq_pad + row as the row), the sequence's rows from
+//               row 64 (q_start / 64 + b): 64-aligned, and past the previous sequence's last 64-row block
 // lse2 / dsum keep the padded (B, H, Nq_pad) layout (Nq_pad from the longest sequence): no change.
 #pragma once
 
@@ -71,8 +73,8 @@ __device__ __forceinline__ bool varlen_fwd_enter(AttnParams& p, int q0) {
 
 // Backward: the view of sequence b in both parameter blocks (BP = AttnBwdParams, a template so
 // that the forward translation unit, which has no AttnBwdParams, can include this header; D is the
-// head dim, the row length of dq_accum).
-template <int D, class BP>
+// head dim, the row length of dq_accum; kTiledRow > 0: dq_accum is tiled, kTiledRow fp32 per row and head).
+template <int D, class BP, int kTiledRow = 0>
 __device__ __forceinline__ VarlenSeq varlen_bwd_view(AttnParams& p, BP& bp, int b) {
   using T = ac_elem_t;
   const VarlenSeq s = varlen_view(p, b);
@@ -82,8 +84,14 @@ __device__ __forceinline__ VarlenSeq varlen_bwd_view(AttnParams& p, BP& bp, int 
   bp.dv = reinterpret_cast<T*>(bp.dv) + (long long)s.k_start * bp.dv_sn;
   bp.do_sb = bp.dq_sb = bp.dk_sb = bp.dv_sb = 0;
   if (bp.dq_accum != nullptr) {
-    // (b*H + h) * Nq * D + row * D  ->  (q_start * H + h * Nq + row) * D
-    bp.dq_accum = varlen_shift(bp.dq_accum, ((long long)s.q_start * p.H - (long long)b * p.H * p.Nq) * D);
+    if constexpr (kTiledRow > 0) {
+      // accumulator row b * Nq_pad + row  ->  64 (q_start / 64 + b) + row (runtime/varlen.py: varlen_dq_rows)
+      const long long first = 64LL * (s.q_start / 64 + b);
+      bp.dq_accum = varlen_shift(bp.dq_accum, (first - (long long)b * bp.Nq_pad) * p.H * kTiledRow);
+    } else {
+      // (b*H + h) * Nq * D + row * D  ->  (q_start * H + h * Nq + row) * D
+      bp.dq_accum = varlen_shift(bp.dq_accum, ((long long)s.q_start * p.H - (long long)b * p.H * p.Nq) * D);
+    }
   }
   return s;
 }
@@ -101,9 +109,9 @@ __device__ __forceinline__ void varlen_bwd_pre_enter(AttnParams& p, BP& bp) {
 
 // dK/dV CTA (key block, b, h_kv): false when the block lies past the end of its sequence or the
 // sequence has no queries (the launcher zeroes dK, dV of such sequences).
-template <int D, class BP>
+template <int D, int kTiledRow = 0, class BP>
 __device__ __forceinline__ bool varlen_bwd_kv_enter(AttnParams& p, BP& bp, int kv0) {
-  varlen_bwd_view<D>(p, bp, blockIdx.y / p.H_kv);
+  varlen_bwd_view<D, BP, kTiledRow>(p, bp, blockIdx.y / p.H_kv);
   return kv0 < p.Nk && p.Nq > 0;
 }
 
