@@ -86,11 +86,12 @@ def test_deterministic_plan():
 
 
 def test_dq_tiles_of_the_sources():
-    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 2  # packed sequences tile it too
+    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 1  # packed: reds by default (end to end)
     assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True, dq_red=0).dq_red == 0
     ir = build_ir(presets.causal(128))
-    assert bwd_source(ir, SM90, varlen=True).dq_tiles == DqTiles(16, 64, 68)
-    src = bwd_source(ir, SM90, varlen=True).source
+    assert bwd_source(ir, SM90, varlen=True).dq_tiles is None
+    assert bwd_source(ir, SM90, varlen=True, options={"dq_red": 2}).dq_tiles == DqTiles(16, 64, 68)
+    src = bwd_source(ir, SM90, varlen=True, options={"dq_red": 2}).source
     assert "varlen_bwd_kv_enter<V3BwdConfig::D, ac::V3BwdLayout<V3BwdConfig>::kDqTiledRowFloats>" in src
     assert bwd_source(ir, SM90).dq_tiles == DqTiles(16, 64, 68)
     assert bwd_source(build_ir(presets.plain(64)), SM90).dq_tiles == DqTiles(16, 32, 36)  # dQ split: 32 columns each
