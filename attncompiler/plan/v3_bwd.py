@@ -19,7 +19,8 @@ Facts of the kernel as module constants:
   (one fp32 red per dQ element per CTA step); otherwise each warpgroup its own 64 keys by all D columns
   (``consumers`` reds per element).  Each warp stages its 16-row dQ chunk in shared memory and, by default
   (``dq_red`` 2), adds it with one bulk reduction into an fp32 accumulator tiled by 16 rows and dQ chunk;
-  ``dq_red`` 1 adds it by 16-byte reds into the row-major accumulator the v2 backward's atomic mode uses.  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
+  ``dq_red`` 1 adds it by 16-byte reds into the row-major accumulator the v2 backward's atomic mode uses.
+  ``deterministic``: the CTAs adding into one query block take turns in the order of their key blocks
   (a counter per (b, h, query block), acquire / release), so dQ's fp32 sums are the same on every run; the
   warpgroups then add disjoint columns (dQ split by columns, or one consumer warpgroup) and the walk visits
   the query blocks in one fixed, descending order.
@@ -89,8 +90,9 @@ class V3BwdPlan(Plan):
         lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({self.consumers} consumer warpgroups of "
                     f"64) x BLOCK_M={self.block_m} query rows per step, {self.stages} Q/dO stages; "
                     f"{self.num_threads} threads")
-        lines.append(("  dQ: staged, bulk reductions into 16-row fp32 tiles, " if self.dq_red == 2 else "  dQ: fp32 reds, ") + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
-                                              if self.dq_split_n else "keys split over the warpgroups (all columns)")
+        how = "staged, bulk reductions into 16-row fp32 tiles" if self.dq_red == 2 else "fp32 reds"
+        lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
+                                          if self.dq_split_n else "keys split over the warpgroups (all columns)")
                      + ("; deterministic: CTAs take turns per query block in key-block order" if self.deterministic
                         else ""))
         return lines
