@@ -309,7 +309,7 @@ def test_varlen_v3_backward_ignores_the_next_sequence(head_dim):
 
 @pytest.mark.skipif(not _hopper(), reason="the v3 backward needs an sm_90 GPU")
 @pytest.mark.parametrize("opts", [{"schedule": "v2"}, {"consumers": 1}, {"dq_split_n": False, "stages": 3},
-                                  {"dq_red": 0, "dq_defer": False}, {"dq_red": 2}, {"dq_red": 2, "consumers": 1}],
+                                  {"dq_red": 0, "dq_defer": False}, {"dq_red": 1}, {"dq_red": 2, "consumers": 1}],
                          ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 def test_varlen_backward_options_on_hopper(opts):
     """The v2 backward (no longer the automatic choice on Hopper) and other v3 backward plans on packed batches."""

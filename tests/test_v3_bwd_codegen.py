@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -86,11 +87,11 @@ def test_deterministic_plan():
 
 
 def test_dq_tiles_of_the_sources():
-    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 1  # packed: reds by default (end to end)
+    assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True).dq_red == 2  # packed sequences too
     assert plan_v3_bwd(ProblemDims(128), SM90, varlen=True, dq_red=0).dq_red == 0
     ir = build_ir(presets.causal(128))
-    assert bwd_source(ir, SM90, varlen=True).dq_tiles is None
-    assert bwd_source(ir, SM90, varlen=True, options={"dq_red": 2}).dq_tiles == DqTiles(16, 64, 68)
+    assert bwd_source(ir, SM90, varlen=True, options={"dq_red": 1}).dq_tiles is None
+    assert bwd_source(ir, SM90, varlen=True).dq_tiles == DqTiles(16, 64, 68)
     src = bwd_source(ir, SM90, varlen=True, options={"dq_red": 2}).source
     assert "varlen_bwd_kv_enter<V3BwdConfig::D, ac::V3BwdLayout<V3BwdConfig>::kDqTiledRowFloats>" in src
     assert bwd_source(ir, SM90).dq_tiles == DqTiles(16, 64, 68)
@@ -99,47 +100,41 @@ def test_dq_tiles_of_the_sources():
     assert bwd_source(ir, get_target("sm_80")).dq_tiles is None  # the v2 backward: rows
 
 
-@pytest.mark.parametrize("nq,layout", [(113, "bhnd"), (128, "bnhd"), (7, "bnhd"), (64, "bhnd")])
-@pytest.mark.parametrize("d,split,chunk", [(128, True, 64), (64, True, 32), (80, False, 16), (64, False, 64)])
-def test_dq_from_tiled_accumulator(nq, layout, d, split, chunk):
-    # the host's reading of the tiled accumulator against the kernel's addressing (v3_bwd.cuh, DQ_RED 2): tile
-    # (((b Nq_pad + row) / 16) H + h) (D / chunk) + col / chunk, element (row % 16) (chunk + 4) + col % chunk
-    import torch
+def test_dq_out_kernel():
+    # dq_red 2: a third kernel converts the tiled accumulator into dq; the launcher's geometry matches the header
+    import re
 
-    from attncompiler.runtime.backward import dq_accumulator, dq_from_accumulator
+    from attncompiler.codegen.v3_bwd import DQ_OUT_ROWS, DQ_OUT_THREADS
     from attncompiler.runtime.launch import AttnInputs
 
-    B, H, rs = 2, 3, chunk + 4
-    src = dataclasses.replace(bwd_source(build_ir(presets.plain(d)), SM90),
-                              plan=dataclasses.replace(plan_v3_bwd(ProblemDims(d), SM90, dq_split_n=split), dq_red=2))
-    assert src.dq_tiles == DqTiles(16, chunk, rs) and src.nq_padded(nq) % 64 == 0
-    dims = AttnInputs(B=B, H=H, H_kv=H, Nq=nq, Nk=nq, D=d, DV=d)
-    acc = dq_accumulator(src, dims, torch.device("cpu"))
-    nq_pad = src.nq_padded(nq)
-    assert acc.shape == (B, nq_pad // 16, H, d // chunk, 16, rs) and acc.dtype == torch.float32
-    want = torch.randn(B, H, nq, d, dtype=torch.float64)
-    flat = torch.full((acc.numel(),), float("nan"), dtype=torch.float32)  # padding columns and rows: never read
-    b_ = torch.arange(B).view(B, 1, 1, 1)
-    h_ = torch.arange(H).view(1, H, 1, 1)
-    row = torch.arange(nq).view(1, 1, nq, 1)
-    col = torch.arange(d).view(1, 1, 1, d)
-    tile = (((b_ * nq_pad + row) // 16) * H + h_) * (d // chunk) + col // chunk
-    flat[tile * 16 * rs + (row % 16) * rs + col % chunk] = want.to(torch.float32)
-    dq = torch.empty(B, nq, H, d).transpose(1, 2) if layout == "bnhd" else torch.empty(B, H, nq, d)
-    got = dq_from_accumulator(flat.view(acc.shape), src, dims, dq)
-    assert got is dq and torch.equal(got, want.to(torch.float32))
+    ir = build_ir(presets.causal(128))
+    tiled, rows = bwd_source(ir, SM90), bwd_source(ir, SM90, options={"dq_red": 1})
+    entry = "attn_bwd_dq_out(const AttnParams p"
+    assert tiled.entries == ("attn_bwd_pre", "attn_bwd_kv", "attn_bwd_dq_out") and entry in tiled.source
+    assert rows.entries == ("attn_bwd_pre", "attn_bwd_kv") and entry not in rows.source
+    assert [tiled.takes_buffers(e) for e in tiled.entries] == [False, True, False]
+    assert tiled.threads("attn_bwd_dq_out") == DQ_OUT_THREADS and tiled.smem("attn_bwd_dq_out") == 0
+    dims = AttnInputs(B=3, H=5, H_kv=5, Nq=1023, Nk=77, D=128, DV=128)
+    assert tiled.grids(dims)["attn_bwd_dq_out"] == (-(-1023 // DQ_OUT_ROWS), 15, 1)
+    header = (Path(__file__).parents[1] / "templates/include/attncompiler/v3_bwd.cuh").read_text()
+    assert re.search(rf"constexpr int kDqOutThreads = {DQ_OUT_THREADS};", header)
+    assert re.search(rf"const int q0 = blockIdx.x \* {DQ_OUT_ROWS};", header)
+    packed = bwd_source(ir, SM90, options={"dq_red": 2}, varlen=True)
+    assert "varlen_bwd_view<V3BwdConfig::D, AttnBwdParams, ac::V3BwdLayout<V3BwdConfig>::kDqTiledRowFloats>" in \
+        packed.source
 
 
-@pytest.mark.parametrize("lens", [(113, 1, 64, 300, 0, 17), (1023,), (16, 48, 64, 80)])
-def test_dq_from_tiled_accumulator_packed(lens):
-    # packed sequences: varlen.cuh moves sequence b's accumulator rows to 64 (q_start / 64 + b) + row
+@pytest.mark.parametrize("lens", [(113, 1, 64, 300, 0, 17), (1023,), (16, 48, 64, 80), (64, 64, 1, 63, 65)])
+def test_packed_dq_accumulator_rows(lens):
+    # packed sequences: varlen.cuh moves sequence b's accumulator rows to 64 (q_start / 64 + b) + row; the kernel
+    # adds whole 64-row query blocks, so each sequence's blocks must lie inside the accumulator and past the
+    # previous sequence's
     import torch
 
-    from attncompiler.runtime.varlen import VarlenInputs, _gather_dq, varlen_dq_accumulator, varlen_dq_rows
+    from attncompiler.runtime.varlen import VarlenInputs, varlen_dq_accumulator, varlen_dq_rows
 
     H, d, chunk = 3, 128, 64
-    rs = chunk + 4
-    tiles = DqTiles(16, chunk, rs)
+    tiles = DqTiles(16, chunk, chunk + 4)
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
@@ -147,22 +142,13 @@ def test_dq_from_tiled_accumulator_packed(lens):
     vi = VarlenInputs(B=B, H=H, H_kv=H, D=d, DV=d, total_q=total, total_k=total, max_q=max(lens), max_k=max(lens),
                       cu_q=tuple(cu), cu_k=tuple(cu))
     acc = varlen_dq_accumulator(tiles, vi, torch.device("cpu"))
-    assert acc.shape == (varlen_dq_rows(vi) // 16, H, d // chunk, 16, rs)
-    want = torch.randn(total, H, d).to(torch.bfloat16)
-    flat = torch.full((acc.numel(),), float("nan"), dtype=torch.float32)
+    assert acc.shape == (varlen_dq_rows(vi) // 16, H, d // chunk, 16, chunk + 4) and not acc.any()
+    end = 0
     for b in range(B):
         first = 64 * (cu[b] // 64 + b)
         nqp = -(-lens[b] // 64) * 64  # the kernel writes whole 64-row query blocks
-        assert first + nqp <= varlen_dq_rows(vi)
-        if b:  # past the previous sequence's last 64-row block
-            assert first >= 64 * (cu[b - 1] // 64 + b - 1) + -(-lens[b - 1] // 64) * 64
-        r = torch.arange(lens[b]).view(-1, 1, 1) + first
-        h_ = torch.arange(H).view(1, H, 1)
-        col = torch.arange(d).view(1, 1, d)
-        tile = ((r // 16) * H + h_) * (d // chunk) + col // chunk
-        flat[tile * 16 * rs + (r % 16) * rs + col % chunk] = want[cu[b]:cu[b + 1]].to(torch.float32)
-    got = _gather_dq(flat.view(acc.shape), torch.tensor(cu, dtype=torch.int32), vi, torch.bfloat16, tiles)
-    assert got.shape == (total, H, d) and torch.equal(got, want)
+        assert first % 16 == 0 and first >= end and first + nqp <= varlen_dq_rows(vi)
+        end = first + nqp
 
 
 def test_refusals():
@@ -207,7 +193,7 @@ def test_runtime_picks_the_backward():
     with pytest.raises(PlanError, match=r"expected plan options among .*got \['block_m'\]"):
         bwd_source(ir, SM90, options={"schedule": "v3", "block_m": 64})
     src = bwd_source(ir, SM90)
-    assert src.entries == ("attn_bwd_pre", "attn_bwd_kv") and src.smem("attn_bwd_kv") == src.plan.smem_bytes
+    assert src.entries == ("attn_bwd_pre", "attn_bwd_kv", "attn_bwd_dq_out") and src.smem("attn_bwd_kv") == src.plan.smem_bytes
     assert src.threads("attn_bwd_kv") == 384 and src.threads("attn_bwd_pre") == 256
     assert src.nq_padded(1) == 64 and src.nq_padded(1023) == 1024
 

@@ -56,6 +56,10 @@ class BwdKernelSource:
             return self.plan.dq_smem_bytes
         return self.plan.smem_bytes
 
+    def takes_buffers(self, entry: str) -> bool:
+        """Whether ``entry`` takes (params, bwd params, buffers) rather than (params, bwd params)."""
+        return entry != "attn_bwd_pre"
+
     def nq_padded(self, nq: int) -> int:
         """Rows of the lse2 / dsum workspace per (b, h) (:func:`nq_padded`)."""
         return nq_padded(self.plan, nq)

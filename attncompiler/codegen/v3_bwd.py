@@ -1,14 +1,16 @@
 """The v3 backward: render of ``templates/v3_bwd.cu.j2`` (Hopper: TMA + wgmma) and its launch geometry.
 
-One translation unit, two kernels:
+One translation unit, two or three kernels:
 
-* ``attn_bwd_pre`` -- lse2 and dsum = rowsum(dO * O) - dlse per query row (the v2 backward's kernel)
-* ``attn_bwd_kv``  -- dK, dV and dQ (fp32 reds into the accumulator), grid over key blocks; its fourth
+* ``attn_bwd_pre``    -- lse2 and dsum = rowsum(dO * O) - dlse per query row (the v2 backward's kernel)
+* ``attn_bwd_kv``     -- dK, dV and dQ (fp32 reds into the accumulator), grid over key blocks; its fourth
   by-value argument is ``struct V3BwdMaps`` (TMA maps of q, k, v and dO: :func:`bwd_maps`)
+* ``attn_bwd_dq_out`` -- (``dq_red`` 2 only) dQ in the element type from the tiled accumulator, grid over 64-row
+  query blocks: one pass, fp32 read once, packed sequences written straight into their packed rows
 
 Both kernel sources (this one and the v2 backward's ``BwdKernelSource``) answer the same launch questions:
-``entries``, ``threads``, ``smem``, ``nq_padded``, ``grids``, ``turn_counters`` (0 for v2), ``maps`` (None for
-v2) and ``dq_tiles`` (the dQ accumulator's tiles; None for v2: rows).
+``entries``, ``threads``, ``smem``, ``takes_buffers``, ``nq_padded``, ``grids``, ``turn_counters`` (0 for v2),
+``maps`` (None for v2) and ``dq_tiles`` (the dQ accumulator's tiles; None for v2: rows).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from .v3 import PTX_TYPES
 __all__ = ["V3BwdKernelSource", "DqTiles", "render_v3_bwd", "bwd_maps", "TEMPLATE"]
 
 TEMPLATE = "v3_bwd.cu.j2"
+DQ_OUT_THREADS = 256  # threads per CTA of attn_bwd_dq_out (ac::kDqOutThreads in v3_bwd.cuh)
+DQ_OUT_ROWS = 64      # query rows per CTA of attn_bwd_dq_out (v3_bwd_dq_out)
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,19 @@ class V3BwdKernelSource:
     @property
     def entries(self) -> tuple[str, ...]:
         """Kernel names in launch order."""
-        return ("attn_bwd_pre", "attn_bwd_kv")
+        return ("attn_bwd_pre", "attn_bwd_kv", "attn_bwd_dq_out") if self.plan.dq_red == 2 else \
+            ("attn_bwd_pre", "attn_bwd_kv")
 
     def threads(self, entry: str) -> int:
-        return self.plan.pre_warps * 32 if entry == "attn_bwd_pre" else self.plan.num_threads
+        return {"attn_bwd_pre": self.plan.pre_warps * 32, "attn_bwd_dq_out": DQ_OUT_THREADS}.get(
+            entry, self.plan.num_threads)
 
     def smem(self, entry: str) -> int:
-        return 0 if entry == "attn_bwd_pre" else self.plan.smem_bytes
+        return self.plan.smem_bytes if entry == "attn_bwd_kv" else 0
+
+    def takes_buffers(self, entry: str) -> bool:
+        """Whether ``entry`` takes (params, bwd params, buffers[, maps]) rather than (params, bwd params)."""
+        return entry == "attn_bwd_kv"
 
     def nq_padded(self, nq: int) -> int:
         """Rows of the lse2 / dsum workspace per (b, h): whole 64-row query blocks (the bulk row copies)."""
@@ -70,6 +80,7 @@ class V3BwdKernelSource:
         return {
             "attn_bwd_pre": (-(-self.nq_padded(dims.Nq) // rows), dims.B * dims.H, 1),
             "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.B * dims.H_kv, 1),
+            "attn_bwd_dq_out": (-(-dims.Nq // DQ_OUT_ROWS), dims.B * dims.H, 1),
         }
 
     @property

@@ -161,9 +161,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
                 dq_defer: bool = True, deterministic: bool = False, varlen: bool = False) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
-    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator), or 1 for packed sequences (``varlen``):
-    their tiled form runs (``dq_red=2``) and its kernel is faster, but the call measured slower end to end (H200,
-    2026-11-28: host time of the backward 1.65 vs 1.04 ms, docs/backward.md)."""
+    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ),
+    packed sequences (``varlen``) included."""
     t = resolve_target(target)
     why_not = v3_bwd_refusal(ir_or_dims, t)
     if why_not is not None:
@@ -173,7 +172,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     if consumers is not None and consumers not in CONSUMERS:
         raise PlanError(f"v3 backward: expected consumers in {CONSUMERS}, got {consumers!r}")
     if dq_red is None:
-        dq_red = 1 if varlen else 2
+        dq_red = 2
     if dq_red not in DQ_REDS:
         raise PlanError(f"v3 backward: expected dq_red in {DQ_REDS}, got {dq_red!r}")
     if stages is not None and stages not in STAGES:

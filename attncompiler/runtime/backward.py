@@ -27,8 +27,8 @@ from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_p
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .tma import tma_layout_error
 
-__all__ = ["bwd_source", "load_bwd", "bwd_params", "run_backward", "tma_checked_source", "turn_counters",
-           "BWD_SCHEDULES"]
+__all__ = ["bwd_source", "load_bwd", "bwd_params", "launch_bwd", "run_backward", "tma_checked_source",
+           "turn_counters", "BWD_SCHEDULES"]
 
 BWD_SCHEDULES = ("auto", "v2", "v3")
 
@@ -150,22 +150,6 @@ def dq_accumulator(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, d
                        device=device, dtype=torch.float32)
 
 
-def dq_from_accumulator(acc: torch.Tensor, src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs,
-                        dq: torch.Tensor) -> torch.Tensor:
-    """dq (a (B, H, Nq, D) view, any layout) <- the accumulator :func:`dq_accumulator` made, converted."""
-    t = src.dq_tiles
-    if t is None:
-        return dq.copy_(acc)
-    tiles = acc[..., :t.chunk].permute(0, 2, 1, 4, 3, 5)  # (B, H, Nq_pad / rows, rows, D / chunk, chunk)
-    whole, rest = divmod(dims.Nq, t.rows)
-    cols = (dims.D // t.chunk, t.chunk)
-    if whole:
-        dq[:, :, :whole * t.rows].unflatten(2, (whole, t.rows)).unflatten(4, cols).copy_(tiles[:, :, :whole])
-    if rest:
-        dq[:, :, whole * t.rows:].unflatten(3, cols).copy_(tiles[:, :, whole, :rest])
-    return dq
-
-
 def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv: torch.Tensor,
                dq_accum: torch.Tensor | None, dlse: torch.Tensor | None, ws: torch.Tensor, nq_pad: int,
                dq_sem: int = 0) -> Any:
@@ -188,6 +172,22 @@ def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv
     bp.Nq_pad = nq_pad
     bp.dq_sem = dq_sem or None
     return bp
+
+
+def launch_bwd(src: BwdKernelSource | V3BwdKernelSource, fns: Mapping[str, LoadedKernel], dims: AttnInputs,
+               P: Any, bp: Any, Bf: Any, maps: Any, device: torch.device) -> None:
+    """Queue the kernels of ``src`` in launch order on torch's current stream (padded and packed batches alike);
+    an entry with an empty grid is skipped."""
+    grids = src.grids(dims)
+    with torch.cuda.device(device):
+        for e in src.entries:
+            if grids[e][0] == 0:
+                continue
+            if not src.takes_buffers(e):
+                args: tuple = (P, bp)
+            else:
+                args = (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
+            launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, device)
 
 
 def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -227,14 +227,12 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
         dk.fill_(fill)
         dv.fill_(fill)
     atomic = plan.dq_mode == "atomic"
-    if atomic:
-        dq_accum = dq_accumulator(src, dims, q.device)
-        dq = None
-    else:
-        dq_accum = None
-        dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype)
-        if poison:
-            dq.fill_(fill)
+    dq_accum = dq_accumulator(src, dims, q.device) if atomic else None
+    # the kernels write dq unless it is left in a row-major fp32 accumulator (the v2 backward, dq_red < 2)
+    rows_accum = atomic and src.dq_tiles is None
+    dq = None if rows_accum else _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype)
+    if dq is not None and poison:
+        dq.fill_(fill)
     nq_pad = src.nq_padded(dims.Nq)
     ws = torch.empty(2, dims.B * dims.H * nq_pad, device=q.device, dtype=torch.float32)
     if poison:
@@ -244,13 +242,8 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
                         ir=ir, buffers=bufs)
     sem, sem_owner = turn_counters(src, dims, q.device)
     bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad, sem)
-    grids = src.grids(dims)
-    maps = src.maps(P, bp, dims)
-    with torch.cuda.device(q.device):
-        for e in src.entries:
-            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
-            launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
+    launch_bwd(src, fns, dims, P, bp, Bf, src.maps(P, bp, dims), q.device)
     del sem_owner  # (the caching allocator reuses it only after the launches queued on this stream)
-    if atomic:
-        dq = dq_from_accumulator(dq_accum, src, dims, _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype))
+    if rows_accum:
+        dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).copy_(dq_accum)
     return dq, dk, dv  # type: ignore[return-value]

@@ -331,24 +331,14 @@ def varlen_dq_accumulator(tiles: DqTiles | None, vi: VarlenInputs, device: torch
                        device=device, dtype=torch.float32)
 
 
-def _gather_dq(acc: torch.Tensor, cu_q: torch.Tensor, vi: VarlenInputs, dtype: torch.dtype,
-               tiles: DqTiles | None = None) -> torch.Tensor:
-    """dq (total_q, H, D) from the atomic accumulator (:func:`varlen_dq_accumulator`)."""
+def _gather_dq(acc: torch.Tensor, cu_q: torch.Tensor, vi: VarlenInputs, dtype: torch.dtype) -> torch.Tensor:
+    """dq (total_q, H, D) from the row-major atomic accumulator (one (H, Nq_b, D) block per sequence; the tiled one
+    is converted by the v3 backward's own kernel, attn_bwd_dq_out)."""
     dev = acc.device
     cu = cu_q.to(torch.long)
     lens = cu[1:] - cu[:-1]
     seq = torch.repeat_interleave(torch.arange(vi.B, device=dev), lens, output_size=vi.total_q)
     start, ln = cu[:-1][seq], lens[seq]
-    if tiles is not None:
-        # accumulator row of each packed row, then the index of each (row, h, chunk)'s row_floats-wide unit in the
-        # (rows / 16, H, D / chunk, 16, row_floats) tiles: one index_select of contiguous units
-        row = torch.arange(vi.total_q, device=dev) + 64 * (start // 64 + seq) - start
-        nc = vi.D // tiles.chunk
-        hc = torch.arange(vi.H * nc, device=dev) * tiles.rows  # (h, chunk) of a tile row, in units
-        unit = ((row // tiles.rows) * (vi.H * nc * tiles.rows) + row % tiles.rows).unsqueeze(1) + hc.unsqueeze(0)
-        # round first: the gather then moves half the bytes (H200, 8 mixed sequences: 109 vs 216 us gathering fp32)
-        units = acc.to(dtype).view(-1, tiles.row_floats)[:, :tiles.chunk].index_select(0, unit.view(-1))
-        return units.view(vi.total_q, vi.H, vi.D)
     rows = torch.arange(vi.total_q, device=dev) - start
     heads = torch.arange(vi.H, device=dev)
     idx = (start * vi.H + rows).unsqueeze(1) + heads.unsqueeze(0) * ln.unsqueeze(1)  # (total_q, H)
@@ -364,7 +354,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (the backward
     kernels :func:`bwd_source` picks, rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
-    from .backward import bwd_params, bwd_source, load_bwd, tma_checked_source, turn_counters
+    from .backward import bwd_params, bwd_source, launch_bwd, load_bwd, tma_checked_source, turn_counters
 
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     want = (vi.total_q, vi.H, vi.DV)
@@ -396,7 +386,9 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     fns = load_bwd(src, _dev_index(q))
     atomic = plan.dq_mode == "atomic"
     dq_accum = varlen_dq_accumulator(src.dq_tiles, vi, q.device) if atomic else None
-    dq = None if atomic else alloc(vi.total_q, vi.H, vi.D)
+    # the kernels write dq unless it is left in a row-major fp32 accumulator (the v2 backward, dq_red < 2)
+    rows_accum = atomic and src.dq_tiles is None
+    dq = None if rows_accum else alloc(vi.total_q, vi.H, vi.D)
     dims = vi.launch_dims()
     nq_pad = src.nq_padded(vi.max_q)
     ws = alloc(2, vi.B * vi.H * nq_pad, dtype=torch.float32)
@@ -407,16 +399,7 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     _set_cu(P, cu_q, cu_k)
     sem, sem_owner = turn_counters(src, dims, q.device)
     bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad, sem)
-    grids = src.grids(dims)
-    maps = src.maps(P, bp, dims, packed_rows=(vi.total_q, vi.total_k))
-    from .launch import launch_structs
-
-    with torch.cuda.device(q.device):
-        for e in src.entries:
-            if grids[e][0] == 0:
-                continue
-            args = (P, bp) if e == "attn_bwd_pre" else (P, bp, Bf) if maps is None else (P, bp, Bf, maps)
-            launch_structs(fns[e].ptr, grids[e], src.threads(e), src.smem(e), args, q.device)
+    launch_bwd(src, fns, dims, P, bp, Bf, src.maps(P, bp, dims, packed_rows=(vi.total_q, vi.total_k)), q.device)
     del sem_owner
     # Sequences with keys but no queries: the dK/dV kernels skip them; their gradients are 0.
     idle = [b for b in range(vi.B) if vi.cu_q[b + 1] == vi.cu_q[b] and vi.cu_k[b + 1] > vi.cu_k[b]]
@@ -424,6 +407,6 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
         rows = _rows_of(vi.cu_k, idle, q.device)
         dk[rows] = 0
         dv[rows] = 0
-    if atomic:
-        dq = _gather_dq(dq_accum, cu_q, vi, q.dtype, src.dq_tiles)  # type: ignore[arg-type]
+    if rows_accum:
+        dq = _gather_dq(dq_accum, cu_q, vi, q.dtype)  # type: ignore[arg-type]
     return dq, dk, dv  # type: ignore[return-value]

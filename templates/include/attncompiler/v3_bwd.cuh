@@ -43,6 +43,9 @@
 
 namespace ac {
 
+// threads per CTA of attn_bwd_dq_out (v3_bwd_dq_out); the launcher reads the same number (codegen/v3_bwd.py)
+constexpr int kDqOutThreads = 256;
+
 struct V3BwdMaps {
   TmaDesc q, k, v, dout;  // 4-d tensor maps (head dim, seqlen, heads, batch); q, dout: 64-row boxes
 };
@@ -80,9 +83,14 @@ struct V3BwdLayout {
   static constexpr int kDqRowFloats = DQ_CHUNK + 4;  // staged row stride (16 bytes of padding: fewer bank conflicts)
   // DQ_RED 2: the fp32 accumulator is tiled as [rows / 16][H][D / DQ_CHUNK][16][kDqRowFloats], rows = B x Nq_pad
   // (packed sequences: varlen.cuh moves each sequence's rows), so one warp's staged 16 x DQ_CHUNK tile (padding
-  // included) is one contiguous bulk reduction (the host reads columns < DQ_CHUNK)
+  // included) is one contiguous bulk reduction (attn_bwd_dq_out reads columns < DQ_CHUNK)
   static constexpr int kDqTileFloats = 16 * kDqRowFloats;
   static constexpr int kDqTiledRowFloats = DQ_RED == 2 ? (D / DQ_CHUNK) * kDqRowFloats : 0;  // per row and head
+  // DQ_RED 2: the float offset of accumulator row trow (b x Nq_pad + row), head h (of H), column col
+  static __device__ __forceinline__ long long dq_tiled_offset(long long trow, int h, int H, int col) {
+    const long long tile = ((trow / 16) * H + h) * (D / DQ_CHUNK) + col / DQ_CHUNK;
+    return tile * kDqTileFloats + (trow % 16) * kDqRowFloats + col % DQ_CHUNK;
+  }
   static constexpr int kDqStageBytes = DQ_RED ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
   static constexpr int kBarOffset = kDqStageOffset + kDqStageBytes;
   static constexpr int kNumBars = 1 + 2 * STAGES;
@@ -435,8 +443,8 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       } else {
         // the tile of accumulator rows trow.. and columns col .. col + DQ_CHUNK (V3BwdLayout::kDqTileFloats)
         const long long trow = (long long)b * bp.Nq_pad + q0 + 16 * warp_wg;
-        const long long tile = ((trow / 16) * p.H + h) * (D / L::DQ_CHUNK) + col / L::DQ_CHUNK;
-        v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + tile * L::kDqTileFloats, q0 + 16 * warp_wg, p.Nq);
+        v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, col), q0 + 16 * warp_wg,
+                            p.Nq);
       }
     }
     if constexpr (Cfg::DETERMINISTIC && !Cfg::DET_PASS_LATE) pass_turn();  // right after this step's reds
@@ -584,6 +592,37 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       for (int nt = 0; nt < DV / 8; ++nt)
         *reinterpret_cast<unsigned int*>(dv + nt * 8) = Tr::pack2(acc_dv[4 * nt + 2 * hf], acc_dv[4 * nt + 2 * hf + 1]);
     }
+  }
+}
+
+// DQ_RED 2, after attn_bwd_kv: dQ (the element type, bp.dq with its strides) <- the tiled fp32 accumulator, rows
+// q0 .. q0 + 63 of (b, h) for the CTA (q0 / 64, b * H + h) of a grid (ceil(Nq / 64), B * H). Packed sequences: the
+// entry took the sequence's view (varlen.cuh moves dq and dq_accum), so the same addressing lands in the packed
+// rows. Each thread moves 4 columns at a time (one 16-byte streaming read of fp32, one 8-byte write); the lanes of a warp
+// cover whole rows (a row is D / 4 threads), so reads and writes are contiguous per row.
+template <class Cfg>
+__device__ __forceinline__ void v3_bwd_dq_out(const AttnParams& p, const AttnBwdParams& bp) {
+  using L = V3BwdLayout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  constexpr int D = Cfg::D;
+  constexpr int kVecs = D / 4;  // 4-column vectors per row
+  static_assert(L::DQ_RED == 2, "only the tiled accumulator is converted by a kernel of its own");
+  static_assert(L::DQ_CHUNK % 4 == 0 && L::kDqRowFloats % 4 == 0, "a vector never straddles a chunk; 16-byte reads");
+  const int b = blockIdx.y / p.H;
+  const int h = blockIdx.y % p.H;
+  const int q0 = blockIdx.x * 64;
+  const int rows = min(64, p.Nq - q0);
+  ac_elem_t* dq = reinterpret_cast<ac_elem_t*>(bp.dq) + b * bp.dq_sb + h * bp.dq_sh;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < rows * kVecs; i += kDqOutThreads) {
+    const int r = q0 + i / kVecs;
+    const int col = 4 * (i % kVecs);
+    const long long trow = (long long)b * bp.Nq_pad + r;  // the accumulator row attn_bwd_kv added into
+    const float4 a = __ldcs(reinterpret_cast<const float4*>(bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, col)));
+    uint2 out;
+    out.x = Tr::pack2(a.x, a.y);
+    out.y = Tr::pack2(a.z, a.w);
+    *reinterpret_cast<uint2*>(dq + (long long)r * bp.dq_sn + col) = out;
   }
 }
 
