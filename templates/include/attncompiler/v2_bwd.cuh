@@ -2,9 +2,10 @@
 //
 // Three kernels (docs/architecture.md, "Backward"):
 //
-// v2_bwd_pre   one warp per query row: lse2 = lse * log2(e) (+inf for an empty row, so that every
-//              recomputed P of it is 0) and dsum = rowsum(dO * O) - dlse, into row-padded fp32
-//              arrays (padded rows: lse2 = +inf, dsum = 0, so the main loop never bounds-checks).
+// v2_bwd_pre   DV / 8 lanes (rounded up to a power of two) per query row: lse2 = lse * log2(e) (+inf for
+//              an empty row, so that every recomputed P of it is 0) and dsum = rowsum(dO * O) - dlse,
+//              into row-padded fp32 arrays (padded rows: lse2 = +inf, dsum = 0, so the main loop never
+//              bounds-checks).
 //
 // v2_bwd_kv    grid (ceil(Nk / BLOCK_N), B * H_kv). A CTA owns BLOCK_N keys of one (b, kv head)
 //              and keeps their dK and dV in registers while it walks the query blocks (BLOCK_M
@@ -53,30 +54,47 @@ __device__ __forceinline__ void v2_bwd_pre(const AttnParams& p, const AttnBwdPar
   using Tr = ac_type_traits<T>;
   constexpr int kChunks = DV / 8;  // 16-byte chunks per row
   static_assert(DV % 8 == 0 && kChunks <= 32, "DV must be a multiple of 8 and <= 256");
+  // A row takes kLanes lanes (the power of two covering its chunks), so a warp reads 32 / kLanes rows at once, and
+  // all of its ROWS_PER_WARP rows are loaded before the first sum: the loads of every row are in flight together
+  // (one row per warp at a time left the kernel latency-bound: H200, 32 packed sequences, 156 us for 313 MB).
+  constexpr int kLanes = kChunks > 16 ? 32 : kChunks > 8 ? 16 : kChunks > 4 ? 8 : kChunks > 2 ? 4 : kChunks > 1 ? 2 : 1;
+  constexpr int kRowsAtOnce = 32 / kLanes;
+  constexpr int kIters = (ROWS_PER_WARP + kRowsAtOnce - 1) / kRowsAtOnce;
+  static_assert(kIters <= 8, "rows of one warp held in registers at once");
   const int bh = blockIdx.y;
   const int b = bh / p.H;
   const int h = bh % p.H;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  const int sub = lane / kLanes;  // this lane's row among the kRowsAtOnce
+  const int c = lane % kLanes;    // its 16-byte chunk of the row
   const int row_base = (blockIdx.x * NUM_WARPS + warp) * ROWS_PER_WARP;
   const T* gO = reinterpret_cast<const T*>(p.o) + b * p.o_sb + h * p.o_sh;
   const T* gdO = reinterpret_cast<const T*>(bp.dout) + b * bp.do_sb + h * bp.do_sh;
-#pragma unroll 1
-  for (int r = 0; r < ROWS_PER_WARP; ++r) {
+  uint4 o4[kIters], d4[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int r = it * kRowsAtOnce + sub;
     const int q = row_base + r;
-    if (q >= bp.Nq_pad) break;
-    float dot = 0.f;
-    if (q < p.Nq && lane < kChunks) {
-      const uint4 o4 = *reinterpret_cast<const uint4*>(gO + q * p.o_sn + lane * 8);
-      const uint4 d4 = *reinterpret_cast<const uint4*>(gdO + q * bp.do_sn + lane * 8);
-      const T* oe = reinterpret_cast<const T*>(&o4);
-      const T* de = reinterpret_cast<const T*>(&d4);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(Tr::to_float(oe[e]), Tr::to_float(de[e]), dot);
+    o4[it] = make_uint4(0u, 0u, 0u, 0u);  // zeros: rows past Nq and chunks past DV add 0
+    d4[it] = o4[it];
+    if (r < ROWS_PER_WARP && q < p.Nq && c < kChunks) {
+      o4[it] = *reinterpret_cast<const uint4*>(gO + q * p.o_sn + c * 8);
+      d4[it] = *reinterpret_cast<const uint4*>(gdO + q * bp.do_sn + c * 8);
     }
+  }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) {
+  for (int it = 0; it < kIters; ++it) {
+    const T* oe = reinterpret_cast<const T*>(&o4[it]);
+    const T* de = reinterpret_cast<const T*>(&d4[it]);
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dot = fmaf(Tr::to_float(oe[e]), Tr::to_float(de[e]), dot);
+#pragma unroll
+    for (int off = kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const int r = it * kRowsAtOnce + sub;
+    const int q = row_base + r;
+    if (c == 0 && r < ROWS_PER_WARP && q < bp.Nq_pad) {
       float l2 = -AC_NEG_INF;  // +inf: padded rows recompute P = 0
       float ds = 0.f;
       if (q < p.Nq) {
