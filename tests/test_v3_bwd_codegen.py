@@ -36,6 +36,7 @@ def test_plan_d128_splits_dq_by_columns():
     assert p.est_registers_per_thread == v3_bwd_register_estimate(128, 128, 2, True)["total"] <= 240
     text = p.describe()
     assert "BLOCK_N=128" in text and "columns split" in text and "200744" in text and "16-row fp32 tiles" in text
+    assert "rejected consumers=2, stages=4: smem 267336 B > 232448 B limit" in text  # the most stages that fit
 
 
 def test_plan_d64_splits_dq_by_columns_inside_one_box():
@@ -44,7 +45,7 @@ def test_plan_d64_splits_dq_by_columns_inside_one_box():
     assert "columns split over the warpgroups (32 each)" in p.describe()
     keys = plan_v3_bwd(ProblemDims(64), SM90, dq_split_n=False)
     assert keys.dq_split_n is False and "keys split" in keys.describe()
-    assert v3_bwd_smem_bytes(64, 64, 2, 2) == p.smem_bytes  # staged dQ rows of 32 + 4 fp32
+    assert p.stages == 4 and v3_bwd_smem_bytes(64, 64, 2, 4) == p.smem_bytes  # staged dQ rows of 32 + 4 fp32
 
 
 def test_plan_rejections_carry_numbers():
@@ -54,7 +55,8 @@ def test_plan_rejections_carry_numbers():
     with pytest.raises(PlanError, match="multiple of 16 and <= 128.*got 88"):
         plan_v3_bwd(ProblemDims(88), SM90)
     odd = plan_v3_bwd(ProblemDims(96), SM90)  # 48 columns per warpgroup would straddle a box: dQ split by keys
-    assert (odd.dq_split_n, dq_chunk(96, 2, False), odd.smem_bytes) == (False, 32, v3_bwd_smem_bytes(96, 96, 2, 2, 1, False))
+    assert (odd.dq_split_n, dq_chunk(96, 2, False), odd.stages) == (False, 32, 3)
+    assert odd.smem_bytes == v3_bwd_smem_bytes(96, 96, 2, 3, 2, False) <= 232448 < v3_bwd_smem_bytes(96, 96, 2, 4, 2, False)
     assert "rejected consumers=2, dq_split_n: D=96 does not split" in odd.describe()
     assert plan_v3_bwd(ProblemDims(32), SM90).dq_split_n and dq_chunk(32, 2, True) == 16
     assert dq_chunk(80, 2, False) == 16 and dq_chunk(128, 2, True) == 64

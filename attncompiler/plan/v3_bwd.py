@@ -51,7 +51,9 @@ AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n
 AUTO_MIN_HEAD_DIM_WHY = ("H200, 2026-11-27, N = 16k backward TFLOP/s v3 / v2: d16 156 / 191, d32 252 / 273, "
                          "d32 causal 188 / 232; d48 268 / 224, d80 289 / 231, d96 343 / 256, d112 307 / 231")
 CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
-STAGES = (2, 3, 4)     # Q / dO stages, preferred first (2 measured enough: the walk is GEMM-bound)
+STAGES = (4, 3, 2)     # Q / dO stages, preferred first: the most that fit (H200, 2026-11-28, 4 rounds, backward
+                       # TFLOP/s for 2 / 3 / 4 stages: d64 382 / 391 / 400, d64 causal 341 / 347 / 346, d96 330 / 359;
+                       # d128 fits only 2)
 PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
