@@ -104,6 +104,7 @@ struct V3BwdLayout {
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
   static_assert(!Cfg::DETERMINISTIC || kSplitN || NC == 1, "deterministic dQ: the warpgroups add disjoint columns");
   static constexpr bool kDeterministic = Cfg::DETERMINISTIC;
+  static_assert(Cfg::DET_PASS >= 0 && Cfg::DET_PASS <= 2, "DET_PASS: 0 after the reds, 1 mid next step, 2 next dQ step");
   static_assert(D % DQ_CHUNK == 0 && (kDqTileFloats * 4) % 16 == 0, "DQ_RED 2: whole tiles, 16-byte bulk sizes");
   static_assert(!kSplitN || (DQ_N % 64 == 0 || 64 % DQ_N == 0), "DQ_SPLIT_N: every warpgroup's dQ columns are whole "
                 "boxes of K or a part of one box (an MN-major B operand may start 16-byte aligned inside the row)");
@@ -346,8 +347,9 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   // of DQ_CHUNK columns (one accumulator of DQ_CHUNK/2 fp32 live at a time), each added into the fp32
   // accumulator once done. The first chunk's wait also retires the step's dV / dK GEMMs (an older group), so
   // its stage is released there and the P^T / dS^T fragments may be reused after it.
-  // Deterministic dQ: the turn of the step whose reds were issued last, passed at the next dQ step, once they have
-  // long landed, or after the walk (DET_PASS_LATE; else right after them): every consumer warp fences its own reds,
+  // Deterministic dQ: the turn of the step whose reds were issued last, passed once they have landed (DET_PASS: 1
+  // after the next step's S^T / dP^T, 2 at the next dQ step; 0 right after them), or after the walk: every
+  // consumer warp waits for and fences its own reds,
   // the consumers meet, and one thread passes the turn on (release), or resets the counter after the block's last
   // adder. (Launching the heads first, so that fewer CTAs of one head wait in a chain, measured slower: H200 d128
   // 335 vs 347 TFLOP/s, d64 229 vs 253.)
@@ -421,7 +423,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         reg_fence(df);
         mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
         if constexpr (Cfg::DETERMINISTIC) {
-          if (Cfg::DET_PASS_LATE) pass_turn();  // the previous step's block
+          if (Cfg::DET_PASS == 2) pass_turn();  // the previous step's block
           wait_turn(h, q0);
         }
       }
@@ -447,7 +449,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
                             p.Nq);
       }
     }
-    if constexpr (Cfg::DETERMINISTIC && !Cfg::DET_PASS_LATE) pass_turn();  // right after this step's reds
+    if constexpr (Cfg::DETERMINISTIC && Cfg::DET_PASS == 0) pass_turn();  // right after this step's reds
   };
 
   unsigned int p_frag[KQ][4], ds_frag[KQ][4];  // A operands of the step's dV / dK GEMMs (read until they retire)
@@ -508,6 +510,8 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       reg_fence(s_flat);
       reg_fence(dp_flat);
     }
+    // (deterministic, DET_PASS 1: the previous step's reds, issued before this step's S^T, have had its GEMMs' time)
+    if constexpr (Cfg::DETERMINISTIC && Cfg::DET_PASS == 1) pass_turn();
 
     // z P^T and dS^T * scale, in place.
     if (masked) {
