@@ -163,8 +163,9 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
                 dq_defer: bool = True, deterministic: bool = False, varlen: bool = False) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
-    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ),
-    packed sequences (``varlen``) included."""
+    ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ).
+    ``varlen`` (packed sequences) is taken for the callers' symmetry: every option, and the same defaults, run
+    there."""
     t = resolve_target(target)
     why_not = v3_bwd_refusal(ir_or_dims, t)
     if why_not is not None:
