@@ -1,8 +1,9 @@
 """GPU: the Hopper (v3) backward -- its plan options, its fallbacks, and the v2 backward it replaces on Hopper.
 
-On an H100 / H200 ``kern(q, k, v).backward(...)`` runs the v3 backward for head dims 64 and 128 (every
+On an H100 / H200 ``kern(q, k, v).backward(...)`` runs the v3 backward for head dims 48 to 128 (every
 preset and example of ``test_gpu_backward.py`` then goes through it); these tests add what only v3 has
-and keep the v2 backward checked on Hopper, where the automatic choice no longer runs it.
+(its plan options, d = 256 with dK / dV split by columns over the warpgroups) and keep the v2 backward checked
+on Hopper, where the automatic choice no longer runs it.
 """
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ def _precompile():
     for d, dv in _ODD_DIMS:
         spec = dataclasses.replace(presets.causal(d), head_dim_v=dv)
         jobs.append((bwd_source(build_ir(spec), tgt).source, tgt.nvrtc_arch))
+    for name in PRESET_NAMES:
+        jobs.append((bwd_source(build_ir(_spec(name, 256)), tgt, options={"schedule": "v3"}).source, tgt.nvrtc_arch))
     for opts in _OPTION_SETS:
         for d in (64, 128):
             for name in ("causal", "document"):
@@ -128,7 +131,8 @@ def test_v3_head_dims_not_multiples_of_64(dims):
 _OPTION_SETS = ({"consumers": 1}, {"stages": 3}, {"consumers": 1, "stages": 4}, {"dq_split_n": False},
                 {"schedule": "v3", "stages": 4}, {"dq_red": 0}, {"dq_red": 1}, {"dq_red": 2},
                 {"dq_red": 2, "dq_split_n": False}, {"dq_red": 1, "consumers": 1}, {"dq_defer": False},
-                {"dq_defer": False, "dq_split_n": False})
+                {"dq_defer": False, "dq_split_n": False}, {"dkv_split": True}, {"dq_pad": 0}, {"dq_chunk": 16},
+                {"dkv_split": True, "dq_red": 1})
 
 
 @needs_hopper
@@ -141,12 +145,43 @@ def test_v3_plan_options(opts):
             try:
                 kern.backward_source()
             except PlanError as e:  # e.g. dq_split_n=False at d = 128 (registers), 4 stages at d = 128 (smem)
-                assert "registers" in str(e) or "smem" in str(e), str(e)
+                assert "registers" in str(e) or "smem" in str(e) or "dkv_split expected D and DV" in str(e), str(e)
                 continue
             ran += 1
             for nq, nk in ((113, 113), (1023, 1023), (300, 77)):
                 assert (r := check_kernel_grads(kern, 2, H, nq, nk)).ok, f"{opts} {name} d={d}: {r}"
     assert ran >= 2
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_v3_d256_splits_dk_dv_by_columns(name):
+    """d = 256: both consumer warpgroups own the CTA's 64 keys, each keeps half of dK's and dV's columns and takes
+    half of dQ's from its own dS^T copy (staged dQ rows swizzled, not padded, to fit shared memory)."""
+    kern = _kernel(_spec(name, 256), schedule="v3")
+    src = kern.backward_source()
+    assert "schedule v3 backward" in src and "DKV_SPLIT = true" in src and "DQ_PAD = 0" in src
+    for nq, nk in ((113, 113), (1023, 1023), (300, 77)):
+        assert (r := check_kernel_grads(kern, 2, H, nq, nk)).ok, f"{name} {nq}x{nk}: {r}"
+    if name in ("causal", "plain"):
+        assert (r := check_kernel_grads(kern, 2, 4, 300, H_kv=2, use_lse=True)).ok, str(r)
+        assert (r := check_kernel_grads(kern, 1, 2, 257, layout="bnhd")).ok, str(r)
+        fp16 = _kernel(_spec(name, 256, "fp16"), schedule="v3")
+        assert (r := check_kernel_grads(fp16, 1, 2, 1023)).ok, str(r)
+        mixed = _kernel(dataclasses.replace(_spec(name, 256), head_dim_v=128), schedule="v3")
+        assert "DKV_SPLIT = true" in mixed.backward_source()
+        assert (r := check_kernel_grads(mixed, 2, 2, 300)).ok, f"D=256, DV=128: {r}"
+
+
+@needs_hopper
+def test_v3_d256_packed_sequences():
+    from attncompiler.testing_varlen import check_varlen_grads
+
+    kern = _kernel(presets.causal(256), schedule="v3")
+    assert "DKV_SPLIT = true" in kern.backward_source()
+    for det in (False, True):
+        res = check_varlen_grads(kern, (0, 1, 113, 1023, 7, 256), (5, 0, 200, 1023, 64, 300), H=2, deterministic=det)
+        assert res.ok, f"deterministic={det}: {res}"
 
 
 @needs_hopper
@@ -198,7 +233,7 @@ def test_v3_backward_strides_tma_cannot_describe():
 
 @needs_hopper
 def test_v3_backward_refusals_name_the_reason():
-    kern = _kernel(presets.causal(256), schedule="v3")
+    kern = _kernel(presets.causal(192), schedule="v3")
     with pytest.raises(PlanError, match="multiple of 16 and <= 128"):
         kern.backward_source()
     with pytest.raises(PlanError, match=r"expected dq_red in \(0, 1, 2\), got 3"):
@@ -215,7 +250,8 @@ def _grads(kern, q, k, v, dout, **kw):
 
 @needs_hopper
 @pytest.mark.parametrize("name,head_dim", [("causal", 128), ("causal", 64), ("document", 128), ("plain", 64),
-                                           ("sliding_window", 128), ("dropout", 64), ("causal", 96)])
+                                           ("sliding_window", 128), ("dropout", 64), ("causal", 96),
+                                           ("causal", 256)])
 def test_v3_deterministic_is_bitwise_repeatable_and_correct(name, head_dim):
     """deterministic=True on Hopper runs the v3 backward with the CTAs of a query block adding their dQ in key-block
     order: dq is bitwise the same on every run (without it the fp32 reds land in any order), and every gradient

@@ -36,7 +36,8 @@ def test_plan_d128_splits_dq_by_columns():
     assert p.est_registers_per_thread == v3_bwd_register_estimate(128, 128, 2, True)["total"] <= 240
     text = p.describe()
     assert "BLOCK_N=128" in text and "columns split" in text and "200744" in text and "16-row fp32 tiles" in text
-    assert "rejected consumers=2, stages=4: smem 267336 B > 232448 B limit" in text  # the most stages that fit
+    assert "rejected consumers=2, dq_chunk=64, dq_pad=4, stages=4: smem 267336 B > 232448 B limit" in text
+    assert (p.dkv_split, p.dq_chunk, p.dq_pad) == (False, 64, 4)  # widest chunk, padded rows, then the most stages
 
 
 def test_plan_d64_splits_dq_by_columns_inside_one_box():
@@ -60,8 +61,8 @@ def test_plan_rejections_carry_numbers():
     assert "rejected consumers=2, dq_split_n: D=96 does not split" in odd.describe()
     assert plan_v3_bwd(ProblemDims(32), SM90).dq_split_n and dq_chunk(32, 2, True) == 16
     assert dq_chunk(80, 2, False) == 16 and dq_chunk(128, 2, True) == 64
-    with pytest.raises(PlanError, match="got 256"):
-        plan_v3_bwd(ProblemDims(256), SM90)
+    with pytest.raises(PlanError, match="got D=192, DV=192"):
+        plan_v3_bwd(ProblemDims(192), SM90)
     with pytest.raises(PlanError, match="needs sm_90a, got sm_80"):
         plan_v3_bwd(ProblemDims(128), "sm_80")
     with pytest.raises(PlanError, match=r"expected consumers in \(2, 1\), got 3"):
@@ -69,13 +70,67 @@ def test_plan_rejections_carry_numbers():
     with pytest.raises(PlanError, match="expected stages"):
         plan_v3_bwd(ProblemDims(128), SM90, stages=5)
     with pytest.raises(PlanError, match=r"stages=3: smem 234040 B > 232448 B limit"):
-        plan_v3_bwd(ProblemDims(128), SM90, consumers=2, stages=3)
+        plan_v3_bwd(ProblemDims(128), SM90, consumers=2, stages=3, dq_pad=4, dq_chunk=64)
+    swz = plan_v3_bwd(ProblemDims(128), SM90, consumers=2, stages=3)  # fits with swizzled, unpadded dQ rows
+    assert (swz.dq_chunk, swz.dq_pad, swz.smem_bytes) == (64, 0, 234040 - 8 * 16 * 4 * 4)
+    assert "rows swizzled" in swz.describe()
+    assert plan_v3_bwd(ProblemDims(128), SM90, stages=3, dq_pad=4).dq_chunk == 32  # or narrower padded chunks
+    with pytest.raises(PlanError, match=r"expected dq_pad in \(4, 0\) \(0 only with dq_red=2\), got 0 with dq_red=1"):
+        plan_v3_bwd(ProblemDims(128), SM90, dq_red=1, dq_pad=0)
+    with pytest.raises(PlanError, match="dq_chunk=64 does not divide"):
+        plan_v3_bwd(ProblemDims(64), SM90, dq_chunk=64, dq_split_n=True, consumers=2)
+    assert plan_v3_bwd(ProblemDims(128), SM90, dq_chunk=32).dq_chunk == 32
     three = plan_v3_bwd(ProblemDims(128), SM90, consumers=2, stages=3, dq_red=0)  # no dQ staging area
     assert three.smem_bytes == v3_bwd_smem_bytes(128, 128, 2, 3, dq_red=0) == 199224
     with pytest.raises(PlanError, match=r"expected dq_red in \(0, 1, 2\), got 3"):
         plan_v3_bwd(ProblemDims(128), SM90, dq_red=3)
     assert plan_v3_bwd(ProblemDims(64), SM90, stages=4).stages == 4
     assert CONSUMER_REGS[2] * 256 + 24 * 128 <= 65536 and CONSUMER_REGS[1] * 128 + 24 * 128 <= 65536
+
+
+def test_plan_d256_splits_dk_dv_by_columns():
+    p = plan_v3_bwd(ProblemDims(256), SM90)
+    assert (p.dkv_split, p.block_n, p.consumers, p.dq_split_n, p.dq_defer, p.stages) == (True, 64, 2, True, False, 2)
+    # K, V 64 x 512 B; 2 stages x 2 x 64 x 512 B; two dS^T tiles of 64 x 128 B; rows; staged dQ 8 warps x 16 x 32 fp32
+    # (64-column chunks, or padded rows, do not fit: 231464 is 984 B under the limit)
+    assert p.smem_bytes == 1024 + 65536 + 131072 + 16384 + 1024 + 16384 + 40 == 231464
+    assert (p.dq_chunk, p.dq_pad) == (32, 0)
+    assert p.est_registers_per_thread == 64 + 64 + 64 + 40  # dK + dV halves, S^T + dP^T, overhead
+    text = p.describe()
+    assert "dK/dV split by columns (128 + 128 each" in text and "7 GEMM units a step for 5" in text
+    assert "rejected consumers=2, dq_chunk=64, dq_pad=0, stages=2: smem 247848 B" in text
+    with pytest.raises(PlanError, match="consumers=1: dkv_split splits dK/dV over 2 consumer warpgroups"):
+        plan_v3_bwd(ProblemDims(256), SM90, consumers=1)
+    mixed = plan_v3_bwd(ProblemDims(256, 128), SM90)  # D = 256, DV = 128: both halves whole boxes
+    assert mixed.dkv_split and mixed.est_registers_per_thread == 64 + 32 + 64 + 40
+    forced = plan_v3_bwd(ProblemDims(128), SM90, dkv_split=True)  # the same kernel at d128 (tests compare)
+    assert (forced.block_n, forced.dkv_split, forced.dq_defer) == (64, True, False)
+    with pytest.raises(PlanError, match="needs dkv_split"):
+        plan_v3_bwd(ProblemDims(256), SM90, dkv_split=False)
+    with pytest.raises(PlanError, match=r"dkv_split expected D and DV multiples of 128 .*got D=64"):
+        plan_v3_bwd(ProblemDims(64), SM90, dkv_split=True)
+    with pytest.raises(PlanError, match="dkv_split expected dq_defer=False"):
+        plan_v3_bwd(ProblemDims(256), SM90, dq_defer=True)
+    assert plan_v3_bwd(ProblemDims(256), SM90, deterministic=True).dkv_split  # the warpgroups add disjoint columns
+    assert v3_bwd_refusal(ProblemDims(256), SM90) is None
+    assert "got D=256, DV=96" in v3_bwd_refusal(ProblemDims(256, 96), SM90)
+
+
+def test_dq_tile_offsets_swizzle_within_rows():
+    # the kernel's V3BwdLayout::dq_tile_offset, replayed: rows padded by 4 fp32, or unpadded with the 16-byte groups
+    # of row r XORed by r's low bits; either way a bijection of each row's chunk columns onto its own floats
+    def offset(row: int, col: int, chunk: int, pad: int) -> int:
+        swz = (min(chunk // 4, 8) - 1) if pad == 0 else 0
+        return row * (chunk + pad) + ((((col >> 2) ^ (row & swz)) << 2) | (col & 3))
+
+    for chunk in (16, 32, 64):
+        for pad in (4, 0):
+            for row in range(16):
+                got = sorted(offset(row, c, chunk, pad) for c in range(chunk))
+                assert got == list(range(row * (chunk + pad), row * (chunk + pad) + chunk))
+    # unpadded 32-column rows: a warp's 8-byte stores (lanes g, t at row g, columns 8 nt + 2t) cover all 32 banks
+    banks = {(offset(g, 2 * t, 32, 0) % 32) // 2 for g in range(8) for t in range(4)}
+    assert len(banks) == 16
 
 
 def test_deterministic_plan():
@@ -100,6 +155,7 @@ def test_dq_tiles_of_the_sources():
     assert bwd_source(build_ir(presets.plain(64)), SM90).dq_tiles == DqTiles(16, 32, 36)  # dQ split: 32 columns each
     assert bwd_source(ir, SM90, options={"dq_red": 1}).dq_tiles is None
     assert bwd_source(ir, get_target("sm_80")).dq_tiles is None  # the v2 backward: rows
+    assert bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"}).dq_tiles == DqTiles(16, 32, 32, True)
 
 
 def test_dq_out_kernel():
@@ -187,9 +243,10 @@ def test_runtime_picks_the_backward():
     assert isinstance(bwd_source(ir, get_target("sm_80")), BwdKernelSource)
     assert bwd_source(ir, SM90, options={"stages": 3}).plan.stages == 3
     assert isinstance(bwd_source(build_ir(presets.causal(96)), SM90), V3BwdKernelSource)
-    assert isinstance(bwd_source(build_ir(presets.causal(256)), SM90), BwdKernelSource)
-    with pytest.raises(PlanError, match=r"multiple of 16 and <= 128 .*got 256"):
-        bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"})
+    assert isinstance(bwd_source(build_ir(presets.causal(256)), SM90), BwdKernelSource)  # AUTO_DKV_SPLIT
+    assert bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"}).plan.dkv_split
+    with pytest.raises(PlanError, match=r"multiple of 128 and <= 256, got D=192"):
+        bwd_source(build_ir(presets.causal(192)), SM90, options={"schedule": "v3"})
     with pytest.raises(PlanError, match="expected one of"):
         bwd_source(ir, SM90, options={"schedule": "v9"})
     with pytest.raises(PlanError, match=r"expected plan options among .*got \['block_m'\]"):
@@ -298,7 +355,7 @@ def test_cli_show_backward_prints_what_backward_runs(capsys):
     assert "schedule v2 backward" in capsys.readouterr().out
     assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "64", "--option", "stages=3"]) == 0
     assert "3 Q/dO stages" in capsys.readouterr().out
-    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256", "--option", "schedule=v3"]) != 0
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "192", "--option", "schedule=v3"]) != 0
     assert "multiple of 16 and <= 128" in capsys.readouterr().err
 
 

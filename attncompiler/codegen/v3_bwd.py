@@ -19,7 +19,7 @@ from typing import Any
 
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
-from ..plan.v3_bwd import DQ_TILE_ROWS, V3BwdPlan, dq_chunk
+from ..plan.v3_bwd import DQ_TILE_ROWS, V3BwdPlan
 from ..runtime.launch import AttnInputs
 from ..runtime.params import BWD_PARAM_FIELDS, c_struct
 from .hooks import render_prelude
@@ -36,13 +36,15 @@ DQ_OUT_ROWS = 64      # query rows per CTA of attn_bwd_dq_out (v3_bwd_dq_out)
 @dataclass(frozen=True)
 class DqTiles:
     """The layout of a tiled fp32 dQ accumulator (``dq_red`` 2): (accumulator rows / rows, H, D / chunk, rows,
-    row_floats), one warp's staged rows x chunk columns per tile, of which columns < chunk hold dQ (the rest is
-    the staging buffer's padding, never read).  Accumulator rows: b * Nq_pad + row in a padded batch; packed
+    row_floats), one warp's staged rows x chunk columns per tile, of which chunk floats of each row hold dQ (the
+    rest is the staging buffer's padding, never read; with ``swizzled`` rows, no padding, each row's 16-byte
+    groups XOR the row's low bits: V3BwdLayout::dq_tile_offset).  Accumulator rows: b * Nq_pad + row in a padded batch; packed
     sequences start at row 64 (q_start / 64 + b) (``varlen.cuh``)."""
 
     rows: int
     chunk: int
     row_floats: int
+    swizzled: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,8 @@ class V3BwdKernelSource:
         """The tiled dQ accumulator's layout (``dq_red`` 2), or None: (B, H, Nq, D) rows."""
         if self.plan.dq_red != 2:
             return None
-        chunk = dq_chunk(self.plan.head_dim, self.plan.consumers, self.plan.dq_split_n)
-        return DqTiles(DQ_TILE_ROWS, chunk, chunk + 4)
+        chunk = self.plan.dq_chunk
+        return DqTiles(DQ_TILE_ROWS, chunk, chunk + self.plan.dq_pad, self.plan.dq_pad == 0)
 
     def turn_counters(self, dims: AttnInputs) -> int:
         """int32 turn counters the launch needs (deterministic: one per (b, h, 64-row query block)), else 0."""
@@ -121,6 +123,9 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: b
         producer_regs=plan.producer_regs,
         consumer_regs=plan.consumer_regs,
         dq_split_n=plan.dq_split_n,
+        dkv_split=plan.dkv_split,
+        dq_chunk=plan.dq_chunk,
+        dq_pad=plan.dq_pad,
         dq_red=plan.dq_red,
         dq_defer=plan.dq_defer,
         deterministic=plan.deterministic,

@@ -6,13 +6,18 @@ Facts of the kernel as module constants:
   (wgmma's M), so BLOCK_N = 64 * consumers keys per CTA; every step takes BLOCK_M = 64 query rows (the
   N of S^T / dP^T, the K of dV / dK, the M of dQ, one 128-byte row of the dS^T tile).
 * Head dims are multiples of 16 (wgmma's k16 steps and n) and at most 128: each consumer thread keeps D/2 +
-  DV/2 fp32 of dK and dV in registers for the whole walk.  A row of Q, K, V or dO is ceil(d/64) 64-column TMA
+  DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 128 up to 256),
+  ``dkv_split``: both consumers own the CTA's same 64 keys and split dK / dV by columns (D/4 + DV/4 fp32 each);
+  each computes S^T, dP^T and dS^T whole (7 GEMM units a step where 5 are needed) into its own dS^T tile, and
+  takes its half of dQ's columns from it, so the warpgroups never wait for each other.  A row of Q, K, V or dO is ceil(d/64) 64-column TMA
   boxes (128 bytes, the 128-byte swizzle's row), zero-filled past d (d = 96 takes d = 128's shared memory).
 * Registers per consumer thread: dK + dV, then either S^T + dP^T (32 + 32 fp32 while the elementwise
   code runs) or the P^T / dS^T fragments (2 * 16 registers) + the dQ accumulator (DQ_N/2 fp32), plus
   :data:`REG_OVERHEAD`; it must fit :data:`CONSUMER_REGS` (setmaxnreg; 24 for the producer).
 * Shared memory: K and V of the CTA, ``stages`` x (Q, dO) tiles, two dS^T tiles (BLOCK_N x 64, double
-  buffered), ``stages`` x (lse2, dsum) rows, mbarriers, and 1024 bytes of alignment slack.
+  buffered, or one per warpgroup with ``dkv_split``), ``stages`` x (lse2, dsum) rows, each consumer warp's staged
+  dQ rows (16 x (chunk + pad) fp32: ``dq_pad`` 4 spreads the rows over the banks, 0 swizzles them instead, where
+  shared memory is short), mbarriers, and 1024 bytes of alignment slack.
 * dQ: ``dq_split_n`` -- warpgroup w multiplies dS (all BLOCK_N keys) by its D/consumers columns of K (at
   D = 64: 32 columns, an MN-major B operand starting inside the 128-byte swizzled row; only where those
   columns are whole boxes or a part of one: D = 32, 64, 128)
@@ -36,7 +41,8 @@ from .model import Plan, PlanError, resolve_dims, resolve_target
 from .targets import Target
 from .v2_bwd import PRE_ROWS, PRE_WARPS
 
-__all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "v3_bwd_register_estimate", "v3_bwd_refusal",
+__all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "dq_chunks", "v3_bwd_register_estimate",
+           "v3_bwd_refusal",
            "v3_bwd_auto_refusal", "AUTO_MIN_HEAD_DIM", "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD",
            "STAGES", "V3_BWD_OPTIONS", "DQ_TILE_ROWS"]
 
@@ -45,11 +51,16 @@ WGMMA_M = 64           # keys per consumer warpgroup
 BOX_COLS = 64          # 64 x 2 bytes: one TMA box row of the 128-byte swizzle
 DQ_CHUNKS = (64, 32, 16)  # dQ columns per wgmma: the largest dividing the warpgroup's columns (no chunk
                           # straddles a 64-column box of K); one accumulator of chunk/2 fp32 live at a time
-MAX_HEAD_DIM = 128     # dK and dV stay in registers
+MAX_HEAD_DIM = 128     # dK and dV of a warpgroup's 64 keys stay in its registers
+SPLIT_HEAD_DIM_STEP = 128  # dkv_split: each warpgroup's dK / dV columns (D/2, DV/2) are whole 64-column boxes
+MAX_HEAD_DIM_SPLIT = 256   # dkv_split: D/4 + DV/4 <= 128 fp32 of dK and dV per thread
+DQ_PADS = (4, 0)       # fp32 of padding per staged dQ row, preferred first (0: swizzled rows, dq_red 2 only)
 HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ chunks)
 AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n32 dQ chunks and tiny GEMMs lose)
 AUTO_MIN_HEAD_DIM_WHY = ("H200, 2026-11-27, N = 16k backward TFLOP/s v3 / v2: d16 156 / 191, d32 252 / 273, "
                          "d32 causal 188 / 232; d48 268 / 224, d80 289 / 231, d96 343 / 256, d112 307 / 231")
+AUTO_DKV_SPLIT = False  # schedule "auto" takes the dkv_split kernel above D = 128
+AUTO_DKV_SPLIT_WHY = "not measured against the v2 backward yet"
 CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
 STAGES = (4, 3, 2)     # Q / dO stages, preferred first: the most that fit (H200, 2026-11-28, 4 rounds, backward
                        # TFLOP/s for 2 / 3 / 4 stages: d64 382 / 391 / 400, d64 causal 341 / 347 / 346, d96 330 / 359;
@@ -57,7 +68,7 @@ STAGES = (4, 3, 2)     # Q / dO stages, preferred first: the most that fit (H200
 PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
-V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer")
+V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer", "dkv_split", "dq_chunk", "dq_pad")
 DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + one bulk reduction per warp
 DQ_RED_WHY = {  # docs/backward.md: d128 / d128 causal / d64 backward TFLOP/s
     0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100, 2026-11-27)",
@@ -86,12 +97,16 @@ class V3BwdPlan(Plan):
     pre_warps: int = PRE_WARPS
     pre_rows: int = PRE_ROWS
     dq_mode: str = "atomic"
+    dkv_split: bool = False
+    dq_chunk: int = 64
+    dq_pad: int = 4
 
     def _config_lines(self) -> list[str]:
         lines = super()._config_lines()
-        lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({self.consumers} consumer warpgroups of "
-                    f"64) x BLOCK_M={self.block_m} query rows per step, {self.stages} Q/dO stages; "
-                    f"{self.num_threads} threads")
+        owners = (f"{self.consumers} consumer warpgroups sharing them, dK/dV split by columns" if self.dkv_split else
+                  f"{self.consumers} consumer warpgroups of 64")
+        lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({owners}) x BLOCK_M={self.block_m} query "
+                    f"rows per step, {self.stages} Q/dO stages; {self.num_threads} threads")
         how = "staged, bulk reductions into 16-row fp32 tiles" if self.dq_red == 2 else "fp32 reds"
         lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
                                           if self.dq_split_n else "keys split over the warpgroups (all columns)")
@@ -106,25 +121,36 @@ def dq_chunk(d: int, consumers: int, dq_split_n: bool) -> int:
     return next(c for c in DQ_CHUNKS if n % c == 0)
 
 
-def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int = 1, dq_split_n: bool = True) -> int:
-    """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes)."""
-    bn = WGMMA_M * consumers
+def dq_chunks(d: int, consumers: int, dq_split_n: bool) -> tuple[int, ...]:
+    """dQ chunk widths the kernel can take, widest first: :func:`dq_chunk` and the narrower ones dividing it."""
+    top = dq_chunk(d, consumers, dq_split_n)
+    return tuple(c for c in DQ_CHUNKS if c <= top)
+
+
+def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int = 1, dq_split_n: bool = True, *,
+                      dkv_split: bool = False, chunk: int | None = None, pad: int = 4) -> int:
+    """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes); ``chunk`` defaults to
+    :func:`dq_chunk`."""
+    bn = WGMMA_M * (1 if dkv_split else consumers)
     db, dvb = -(-d // BOX_COLS), -(-dv // BOX_COLS)
     kv = bn * (db + dvb) * 128
     stage = BLOCK_M * (db + dvb) * 128
     ds = 2 * bn * 128
     rows = stages * 2 * BLOCK_M * 4
     bars = 8 * (1 + 2 * stages)
-    staging = consumers * 4 * 16 * (dq_chunk(d, consumers, dq_split_n) + 4) * 4 if dq_red else 0  # 16 rows a warp
+    chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
+    staging = consumers * 4 * 16 * (chunk + pad) * 4 if dq_red else 0  # 16 rows a warp
     return ALIGN_SLACK + kv + stages * stage + ds + rows + staging + bars
 
 
-def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool) -> dict[str, int]:
+def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool, *, dkv_split: bool = False,
+                             chunk: int | None = None) -> dict[str, int]:
     """Registers per consumer thread (a ranking model, not ptxas): the peak of the elementwise phase and of
     the GEMM phase on top of dK and dV."""
-    kv = d // 2 + dv // 2
+    kv = (d // 2 + dv // 2) // (consumers if dkv_split else 1)
     elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
-    gemm = 2 * (BLOCK_M // 16) * 4 + dq_chunk(d, consumers, dq_split_n) // 2  # A fragments + one dQ chunk
+    chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
+    gemm = 2 * (BLOCK_M // 16) * 4 + chunk // 2  # A fragments + one dQ chunk
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
             "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
 
@@ -138,11 +164,23 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
     if (t.major, t.minor) != (9, 0):
         return f"v3 backward needs sm_90a, got {t.name} (TMA, wgmma and setmaxnreg are Hopper-only)"
     dims = resolve_dims(ir_or_dims)
+    if _needs_dkv_split(dims.head_dim, dims.head_dim_v):
+        for label, x in (("D", dims.head_dim), ("DV", dims.head_dim_v)):
+            if x % SPLIT_HEAD_DIM_STEP or x > MAX_HEAD_DIM_SPLIT:
+                return (f"v3 backward: expected {label} a multiple of {HEAD_DIM_STEP} and <= {MAX_HEAD_DIM}, or (dK/dV "
+                        f"split by columns over the warpgroups) a multiple of {SPLIT_HEAD_DIM_STEP} and <= "
+                        f"{MAX_HEAD_DIM_SPLIT}, got D={dims.head_dim}, DV={dims.head_dim_v}")
+        return None
     for label, x in (("D", dims.head_dim), ("DV", dims.head_dim_v)):
-        if x % HEAD_DIM_STEP or x > MAX_HEAD_DIM:
+        if x % HEAD_DIM_STEP:
             return (f"v3 backward: expected {label} a multiple of {HEAD_DIM_STEP} and <= {MAX_HEAD_DIM} (wgmma k16 "
                     f"steps, dK/dV in registers), got {x}")
-    return None  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
+    return None
+
+
+def _needs_dkv_split(d: int, dv: int) -> bool:
+    """Whether dK and dV of 64 keys exceed a warpgroup's registers (then the two consumers split their columns)."""
+    return max(d, dv) > MAX_HEAD_DIM  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
 
 
 def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
@@ -153,6 +191,9 @@ def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, determi
     if why is not None:
         return why
     dims = resolve_dims(ir_or_dims)
+    if _needs_dkv_split(dims.head_dim, dims.head_dim_v) and not AUTO_DKV_SPLIT:
+        return (f"v3 backward at D={dims.head_dim}, DV={dims.head_dim_v} (dK/dV split by columns): "
+                f"{AUTO_DKV_SPLIT_WHY}")
     if min(dims.head_dim, dims.head_dim_v) < AUTO_MIN_HEAD_DIM:
         return (f"v3 backward at D={dims.head_dim}, DV={dims.head_dim_v} (< {AUTO_MIN_HEAD_DIM}) measured slower than "
                 f"v2: {AUTO_MIN_HEAD_DIM_WHY}")
@@ -161,9 +202,12 @@ def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, determi
 
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
-                dq_defer: bool = True, deterministic: bool = False, varlen: bool = False) -> V3BwdPlan:
+                dq_defer: bool | None = None, deterministic: bool = False, varlen: bool = False,
+                dkv_split: bool | None = None, dq_chunk: int | None = None, dq_pad: int | None = None) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
     ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ).
+    ``dkv_split`` defaults to whether D or DV exceeds 128 (it may be forced at smaller multiples of 128 too);
+    ``dq_chunk`` / ``dq_pad`` to the widest chunk, then the padded rows, then the most stages that fit.
     ``varlen`` (packed sequences) is taken for the callers' symmetry: every option, and the same defaults, run
     there."""
     t = resolve_target(target)
@@ -180,11 +224,37 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
         raise PlanError(f"v3 backward: expected dq_red in {DQ_REDS}, got {dq_red!r}")
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
+    needs_split = _needs_dkv_split(d, dv)
+    if dkv_split is None:
+        dkv_split = needs_split
+    if dkv_split and (d % SPLIT_HEAD_DIM_STEP or dv % SPLIT_HEAD_DIM_STEP):
+        raise PlanError(f"v3 backward: dkv_split expected D and DV multiples of {SPLIT_HEAD_DIM_STEP} (whole 64-column "
+                        f"boxes per warpgroup), got D={d}, DV={dv}")
+    if needs_split and not dkv_split:
+        raise PlanError(f"v3 backward: D={d}, DV={dv} needs dkv_split (dK + dV of 64 keys exceed one warpgroup's "
+                        f"registers above {MAX_HEAD_DIM})")
+    if dq_defer is None:
+        dq_defer = not dkv_split
+    if dkv_split and dq_defer:
+        raise PlanError("v3 backward: dkv_split expected dq_defer=False (each warpgroup's dQ reads its own dS^T in the "
+                        "step), got True")
+    if dq_chunk is not None and dq_chunk not in DQ_CHUNKS:
+        raise PlanError(f"v3 backward: expected dq_chunk in {DQ_CHUNKS}, got {dq_chunk!r}")
+    if dq_pad is not None and (dq_pad not in DQ_PADS or (dq_pad == 0 and dq_red != 2)):
+        raise PlanError(f"v3 backward: expected dq_pad in {DQ_PADS} (0 only with dq_red=2), got {dq_pad!r} "
+                        f"with dq_red={dq_red}")
+    pads = (dq_pad,) if dq_pad is not None else (DQ_PADS if dq_red == 2 else (4,))
     limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
     rejected: list[str] = []
     for nc in ((consumers,) if consumers is not None else CONSUMERS):
+        if dkv_split and nc != 2:
+            rejected.append(f"consumers={nc}: dkv_split splits dK/dV over 2 consumer warpgroups")
+            continue
         split_options = (dq_split_n,) if dq_split_n is not None else (True, False)
         for split in split_options:
+            if dkv_split and not split:
+                rejected.append(f"consumers={nc}, dq_split_n=False: dkv_split takes dQ split by columns")
+                continue
             if deterministic and nc > 1 and not split:
                 rejected.append(f"consumers={nc}, dq_split_n=False: deterministic dQ needs the warpgroups to add "
                                 f"disjoint columns")
@@ -193,40 +263,65 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 rejected.append(f"consumers={nc}, dq_split_n: D={d} does not split into {nc} column blocks that are "
                                 f"multiples of 16 and whole 64-column boxes or parts of one")
                 continue
-            regs = v3_bwd_register_estimate(d, dv, nc, split)
-            if regs["total"] > CONSUMER_REGS[nc]:
-                rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "
-                                f"{CONSUMER_REGS[nc]} (setmaxnreg of the consumers)")
-                continue
-            for st in ((stages,) if stages is not None else STAGES):
-                smem = v3_bwd_smem_bytes(d, dv, nc, st, dq_red, split)
-                if smem > limit:
-                    rejected.append(f"consumers={nc}, stages={st}: smem {smem} B > {limit} B limit")
+            chunks = dq_chunks(d, nc, split)
+            if dq_chunk is not None:
+                if dq_chunk not in chunks:
+                    rejected.append(f"consumers={nc}, dq_split_n={split}: dq_chunk={dq_chunk} does not divide the "
+                                    f"warpgroup's {d // nc if split else d} dQ columns into whole boxes")
                     continue
-                reasons = (
-                    f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
-                    f"BLOCK_N = 64 x {nc} consumer warpgroups = {64 * nc} keys per CTA (wgmma M = 64 keys each); "
-                    f"BLOCK_M = {BLOCK_M} query rows per step",
-                    f"registers ~ dK+dV {regs['dk_dv']} + max(S^T+dP^T {regs['elementwise']}, fragments+dQ "
-                    f"{regs['gemm']}) + overhead {REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[nc]}",
-                    f"smem = 1024 + K,V {64 * nc}x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T tiles + rows"
-                    + (f" + staged dQ {4 * nc} warps x 16 x {dq_chunk(d, nc, split) + 4} fp32"
-                       if dq_red else "") + f" = {smem} B",
-                    "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
-                             f"split by keys: {nc} fp32 reds per element per step")
-                    + f"; {DQ_RED_WHY[dq_red]}"
-                    + ("; deferred one step (the warpgroups wait only for each other's previous dS^T half)"
-                       if dq_defer else "; in the same step (the warpgroups meet at every step's dS^T)"),
-                    *(("deterministic: the CTAs adding into a query block take turns in key-block order (a counter "
-                       "per (b, h, query block), acquire / release; the walk descends the query blocks)",)
-                      if deterministic else ()),
-                    *(f"rejected {r}" for r in rejected),
-                )
-                return V3BwdPlan(
-                    schedule="v3_bwd", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=BLOCK_M,
-                    block_n=64 * nc, num_warps=4 * (nc + 1), num_threads=128 * (nc + 1), smem_bytes=smem,
-                    est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=nc, stages=st,
-                    producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split, dq_red=dq_red,
-                    dq_defer=bool(dq_defer), deterministic=bool(deterministic),
-                )
+                chunks = (dq_chunk,)
+            for chunk in chunks:
+                regs = v3_bwd_register_estimate(d, dv, nc, split, dkv_split=dkv_split, chunk=chunk)
+                if regs["total"] > CONSUMER_REGS[nc]:
+                    rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "
+                                    f"{CONSUMER_REGS[nc]} (setmaxnreg of the consumers)")
+                    continue
+                for pad in pads:
+                    for st in ((stages,) if stages is not None else STAGES):
+                        smem = v3_bwd_smem_bytes(d, dv, nc, st, dq_red, split, dkv_split=dkv_split, chunk=chunk, pad=pad)
+                        if smem > limit:
+                            rejected.append(f"consumers={nc}, dq_chunk={chunk}, dq_pad={pad}, stages={st}: smem {smem} "
+                                            f"B > {limit} B limit")
+                            continue
+                        return _plan(t, dims, nc, st, split, dq_red, bool(dq_defer), bool(deterministic),
+                                     bool(dkv_split), chunk, pad, regs, smem, limit, rejected)
     raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}): " + "; ".join(rejected))
+
+
+def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_defer: bool, deterministic: bool,
+          dkv_split: bool, chunk: int, pad: int, regs: dict[str, int], smem: int, limit: int,
+          rejected: list[str]) -> V3BwdPlan:
+    """The accepted candidate with the reasons that explain it."""
+    d, dv = dims.head_dim, dims.head_dim_v
+    bn = 64 if dkv_split else 64 * nc
+    reasons = (
+        f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
+        (f"BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups: dK/dV split by columns ({d // nc} + {dv // nc} "
+         f"each: D/2 + DV/2 > 128 fp32 per thread otherwise), S^T / dP^T / dS^T computed by each (7 GEMM units a step "
+         f"for 5)" if dkv_split else
+         f"BLOCK_N = 64 x {nc} consumer warpgroups = {bn} keys per CTA (wgmma M = 64 keys each)")
+        + f"; BLOCK_M = {BLOCK_M} query rows per step",
+        f"registers ~ dK+dV {regs['dk_dv']} + max(S^T+dP^T {regs['elementwise']}, fragments+dQ "
+        f"{regs['gemm']}) + overhead {REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[nc]}",
+        f"smem = 1024 + K,V {bn}x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T tiles + rows"
+        + (f" + staged dQ {4 * nc} warps x 16 x {chunk + pad} fp32" + (" (rows swizzled, not padded)" if pad == 0
+                                                                         else "")
+           if dq_red else "") + f" = {smem} B",
+        "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
+                 f"split by keys: {nc} fp32 reds per element per step")
+        + f", chunks of {chunk} columns; {DQ_RED_WHY[dq_red]}"
+        + ("; deferred one step (the warpgroups wait only for each other's previous dS^T half)"
+           if dq_defer else "; in the same step" + (" (each warpgroup's own dS^T)" if dkv_split else
+                                                    " (the warpgroups meet at every step's dS^T)")),
+        *(("deterministic: the CTAs adding into a query block take turns in key-block order (a counter "
+           "per (b, h, query block), acquire / release; the walk descends the query blocks)",)
+          if deterministic else ()),
+        *(f"rejected {r}" for r in rejected),
+    )
+    return V3BwdPlan(
+        schedule="v3_bwd", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=BLOCK_M,
+        block_n=bn, num_warps=4 * (nc + 1), num_threads=128 * (nc + 1), smem_bytes=smem,
+        est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=nc, stages=st,
+        producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split, dq_red=dq_red,
+        dq_defer=dq_defer, deterministic=deterministic, dkv_split=dkv_split, dq_chunk=chunk, dq_pad=pad,
+    )
