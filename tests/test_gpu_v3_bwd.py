@@ -96,7 +96,8 @@ def test_auto_backward_is_v3_on_hopper(head_dim):
     # deterministic dQ runs v3 too (CTAs take turns per query block); head dims v3 cannot tile stay on v2
     det = ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
     assert "schedule v3 backward" in det and "DETERMINISTIC = true" in det
-    assert "schedule v2 backward" in ac.compile(presets.causal(256)).backward_source()
+    assert "schedule v2 backward" in ac.compile(presets.causal(192)).backward_source()
+    assert "DKV_SPLIT = true" in ac.compile(presets.causal(256)).backward_source()  # dK / dV split by columns
     assert "schedule v3 backward" in ac.compile(presets.causal(96)).backward_source()
 
 

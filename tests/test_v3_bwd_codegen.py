@@ -243,7 +243,7 @@ def test_runtime_picks_the_backward():
     assert isinstance(bwd_source(ir, get_target("sm_80")), BwdKernelSource)
     assert bwd_source(ir, SM90, options={"stages": 3}).plan.stages == 3
     assert isinstance(bwd_source(build_ir(presets.causal(96)), SM90), V3BwdKernelSource)
-    assert isinstance(bwd_source(build_ir(presets.causal(256)), SM90), BwdKernelSource)  # AUTO_DKV_SPLIT
+    assert bwd_source(build_ir(presets.causal(256)), SM90).plan.dkv_split  # AUTO_DKV_SPLIT
     assert bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"}).plan.dkv_split
     with pytest.raises(PlanError, match=r"multiple of 128 and <= 256, got D=192"):
         bwd_source(build_ir(presets.causal(192)), SM90, options={"schedule": "v3"})
@@ -368,6 +368,9 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     assert "one bulk TMA reduction per warp into a tiled accumulator" in out
     assert "deferred one step" in out and "not used" not in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "v3_bwd plan" in out and "dK/dV split by columns (128 + 128 each" in out and "231464 B" in out
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "192"]) == 0
     out = capsys.readouterr().out
     assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 16 and <= 128" in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96"]) == 0

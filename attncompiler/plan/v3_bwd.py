@@ -59,8 +59,9 @@ HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ
 AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n32 dQ chunks and tiny GEMMs lose)
 AUTO_MIN_HEAD_DIM_WHY = ("H200, 2026-11-27, N = 16k backward TFLOP/s v3 / v2: d16 156 / 191, d32 252 / 273, "
                          "d32 causal 188 / 232; d48 268 / 224, d80 289 / 231, d96 343 / 256, d112 307 / 231")
-AUTO_DKV_SPLIT = False  # schedule "auto" takes the dkv_split kernel above D = 128
-AUTO_DKV_SPLIT_WHY = "not measured against the v2 backward yet"
+AUTO_DKV_SPLIT = True  # schedule "auto" takes the dkv_split kernel above D = 128
+AUTO_DKV_SPLIT_WHY = ("H200, 2026-11-28, N = 16k backward TFLOP/s v3 (dkv_split) / v2 / cuDNN: d256 327.6 / 192.1 / "
+                      "357.9, causal 280.8 / 178.9 / 375.3")
 CONSUMERS = (2, 1)     # consumer warpgroups, preferred first
 STAGES = (4, 3, 2)     # Q / dO stages, preferred first: the most that fit (H200, 2026-11-28, 4 rounds, backward
                        # TFLOP/s for 2 / 3 / 4 stages: d64 382 / 391 / 400, d64 causal 341 / 347 / 346, d96 330 / 359;
