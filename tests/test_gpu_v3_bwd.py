@@ -133,7 +133,7 @@ _OPTION_SETS = ({"consumers": 1}, {"stages": 3}, {"consumers": 1, "stages": 4}, 
                 {"schedule": "v3", "stages": 4}, {"dq_red": 0}, {"dq_red": 1}, {"dq_red": 2},
                 {"dq_red": 2, "dq_split_n": False}, {"dq_red": 1, "consumers": 1}, {"dq_defer": False},
                 {"dq_defer": False, "dq_split_n": False}, {"dkv_split": True}, {"dq_pad": 0}, {"dq_chunk": 16},
-                {"dkv_split": True, "dq_red": 1})
+                {"dkv_split": True, "dq_red": 1}, {"dq_wide": True, "dq_split_n": False})
 
 
 @needs_hopper
@@ -169,6 +169,9 @@ def test_v3_d256_splits_dk_dv_by_columns(name):
         assert (r := check_kernel_grads(kern, 1, 2, 257, layout="bnhd")).ok, str(r)
         fp16 = _kernel(_spec(name, 256, "fp16"), schedule="v3")
         assert (r := check_kernel_grads(fp16, 1, 2, 1023)).ok, str(r)
+        narrow = _kernel(_spec(name, 256), schedule="v3", dq_wide=False)  # one 32-column dQ product per chunk
+        assert "DQ_WIDE = false" in narrow.backward_source()
+        assert (r := check_kernel_grads(narrow, 2, H, 300, 77)).ok, f"dq_wide=False: {r}"
         mixed = _kernel(dataclasses.replace(_spec(name, 256), head_dim_v=128), schedule="v3")
         assert "DKV_SPLIT = true" in mixed.backward_source()
         assert (r := check_kernel_grads(mixed, 2, 2, 300)).ok, f"D=256, DV=128: {r}"

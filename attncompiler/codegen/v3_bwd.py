@@ -126,6 +126,7 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: b
         dkv_split=plan.dkv_split,
         dq_chunk=plan.dq_chunk,
         dq_pad=plan.dq_pad,
+        dq_wide=plan.dq_wide,
         dq_red=plan.dq_red,
         dq_defer=plan.dq_defer,
         deterministic=plan.deterministic,

@@ -69,7 +69,8 @@ STAGES = (4, 3, 2)     # Q / dO stages, preferred first: the most that fit (H200
 PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
-V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer", "dkv_split", "dq_chunk", "dq_pad")
+V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer", "dkv_split", "dq_chunk", "dq_pad",
+                  "dq_wide")
 DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + one bulk reduction per warp
 DQ_RED_WHY = {  # docs/backward.md: d128 / d128 causal / d64 backward TFLOP/s
     0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100, 2026-11-27)",
@@ -101,6 +102,7 @@ class V3BwdPlan(Plan):
     dkv_split: bool = False
     dq_chunk: int = 64
     dq_pad: int = 4
+    dq_wide: bool = False
 
     def _config_lines(self) -> list[str]:
         lines = super()._config_lines()
@@ -145,13 +147,16 @@ def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int 
 
 
 def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool, *, dkv_split: bool = False,
-                             chunk: int | None = None) -> dict[str, int]:
+                             chunk: int | None = None, dq_wide: bool = False) -> dict[str, int]:
     """Registers per consumer thread (a ranking model, not ptxas): the peak of the elementwise phase and of
     the GEMM phase on top of dK and dV."""
     kv = (d // 2 + dv // 2) // (consumers if dkv_split else 1)
     elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
     chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
-    gemm = 2 * (BLOCK_M // 16) * 4 + chunk // 2  # A fragments + one dQ chunk
+    if dq_wide:  # the whole dQ columns in one accumulator, issued after the dV / dK fragments retired
+        gemm = max(2 * (BLOCK_M // 16) * 4, (d // consumers if dq_split_n else d) // 2)
+    else:
+        gemm = 2 * (BLOCK_M // 16) * 4 + chunk // 2  # A fragments + one dQ chunk
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
             "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
 
@@ -204,11 +209,15 @@ def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, determi
 def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int | None = None,
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
                 dq_defer: bool | None = None, deterministic: bool = False, varlen: bool = False,
-                dkv_split: bool | None = None, dq_chunk: int | None = None, dq_pad: int | None = None) -> V3BwdPlan:
+                dkv_split: bool | None = None, dq_chunk: int | None = None, dq_pad: int | None = None,
+                dq_wide: bool | None = None) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
     ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ).
     ``dkv_split`` defaults to whether D or DV exceeds 128 (it may be forced at smaller multiples of 128 too);
     ``dq_chunk`` / ``dq_pad`` to the widest chunk, then the padded rows, then the most stages that fit.
+    ``dq_wide``: the warpgroup's dQ columns in one wgmma, then added chunk by chunk (default: where they span
+    several chunks, without dropout; H200, 2026-11-28, backward TFLOP/s wide / chunk by chunk: d256 334.9 / 324.1,
+    causal 283.3 / 283.1, d96 388.4 / 363.3).
     ``varlen`` (packed sequences) is taken for the callers' symmetry: every option, and the same defaults, run
     there."""
     t = resolve_target(target)
@@ -236,6 +245,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                         f"registers above {MAX_HEAD_DIM})")
     if dq_defer is None:
         dq_defer = not dkv_split
+    # dq_wide by default where a warpgroup's dQ spans several chunks, except with dropout (spills more at d = 256)
+    wide_default = getattr(ir_or_dims, "dropout_p", 0.0) == 0.0
     if dkv_split and dq_defer:
         raise PlanError("v3 backward: dkv_split expected dq_defer=False (each warpgroup's dQ reads its own dS^T in the "
                         "step), got True")
@@ -272,7 +283,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     continue
                 chunks = (dq_chunk,)
             for chunk in chunks:
-                regs = v3_bwd_register_estimate(d, dv, nc, split, dkv_split=dkv_split, chunk=chunk)
+                wide = bool(dq_wide) if dq_wide is not None else wide_default and (d // nc if split else d) > chunk
+                regs = v3_bwd_register_estimate(d, dv, nc, split, dkv_split=dkv_split, chunk=chunk, dq_wide=wide)
                 if regs["total"] > CONSUMER_REGS[nc]:
                     rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "
                                     f"{CONSUMER_REGS[nc]} (setmaxnreg of the consumers)")
@@ -285,12 +297,12 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                                             f"B > {limit} B limit")
                             continue
                         return _plan(t, dims, nc, st, split, dq_red, bool(dq_defer), bool(deterministic),
-                                     bool(dkv_split), chunk, pad, regs, smem, limit, rejected)
+                                     bool(dkv_split), chunk, pad, wide, regs, smem, limit, rejected)
     raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}): " + "; ".join(rejected))
 
 
 def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_defer: bool, deterministic: bool,
-          dkv_split: bool, chunk: int, pad: int, regs: dict[str, int], smem: int, limit: int,
+          dkv_split: bool, chunk: int, pad: int, dq_wide: bool, regs: dict[str, int], smem: int, limit: int,
           rejected: list[str]) -> V3BwdPlan:
     """The accepted candidate with the reasons that explain it."""
     d, dv = dims.head_dim, dims.head_dim_v
@@ -310,7 +322,8 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
            if dq_red else "") + f" = {smem} B",
         "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
                  f"split by keys: {nc} fp32 reds per element per step")
-        + f", chunks of {chunk} columns; {DQ_RED_WHY[dq_red]}"
+        + (f", one wgmma of {d // nc if split else d} columns added in chunks of {chunk}" if dq_wide and
+           (d // nc if split else d) > chunk else f", chunks of {chunk} columns") + f"; {DQ_RED_WHY[dq_red]}"
         + ("; deferred one step (the warpgroups wait only for each other's previous dS^T half)"
            if dq_defer else "; in the same step" + (" (each warpgroup's own dS^T)" if dkv_split else
                                                     " (the warpgroups meet at every step's dS^T)")),
@@ -325,4 +338,5 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
         est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=nc, stages=st,
         producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[nc], dq_split_n=split, dq_red=dq_red,
         dq_defer=dq_defer, deterministic=deterministic, dkv_split=dkv_split, dq_chunk=chunk, dq_pad=pad,
+        dq_wide=dq_wide,
     )

@@ -433,21 +433,49 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
     const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
     float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
-#pragma unroll
-    for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
-      const int col = col0 + c * L::DQ_CHUNK;
-      const unsigned long long dkt =
-          opaque_u64(wgmma_desc_sw128(krow0 + (col >> 6) * BN * 128 + (col & 63) * 2, BN * 128, 1024));
-      float acc_dq[L::DQ_CHUNK / 2];
-      reg_fence(acc_dq);
+      bulk_reduce_add_f32(gdq, s_stage, L::kDqTileFloats * 4);  // rows past Nq land in the tile's padding rows    // DQ_WIDE: the warpgroup's whole dQ columns in one product (m64 n DQ_N: DQ_N / 2 fp32 live, issued once the
+    // step's dV / dK GEMMs have retired), then staged and added chunk by chunk; otherwise one m64 n DQ_CHUNK product
+    // per chunk.
+    constexpr bool kWide = Cfg::DQ_WIDE && L::DQ_N > L::DQ_CHUNK;
+    float acc_wide[kWide ? L::DQ_N / 2 : 1];
+    if constexpr (kWide) {
+      // the step's dV / dK GEMMs retire first, so their A fragments are dead while the wide accumulator lives
+      wgmma_wait<0>();
+      reg_fence(acc_dv);
+      reg_fence(acc_dk);
+      reg_fence(pf);
+      reg_fence(df);
+      const unsigned long long dkt = opaque_u64(wgmma_desc_sw128(krow0 + (col0 >> 6) * BN * 128, BN * 128, 1024));
+      reg_fence(acc_wide);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < L::DQ_K / 16; ++kk) {
-        wgmma_bwd_dq(acc_dq, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+        wgmma_bwd_dq_wide(acc_wide, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
-      reg_fence(acc_dq);
+      reg_fence(acc_wide);
+    }
+#pragma unroll
+    for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
+      const int col = col0 + c * L::DQ_CHUNK;
+      float acc_own[kWide ? 1 : L::DQ_CHUNK / 2];
+      float(&acc_dq)[L::DQ_CHUNK / 2] =
+          kWide ? reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_wide[kWide ? c * (L::DQ_CHUNK / 2) : 0])
+                : reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_own[0]);
+      if constexpr (!kWide) {
+        const unsigned long long dkt =
+            opaque_u64(wgmma_desc_sw128(krow0 + (col >> 6) * BN * 128 + (col & 63) * 2, BN * 128, 1024));
+        reg_fence(acc_dq);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < L::DQ_K / 16; ++kk) {
+          wgmma_bwd_dq(acc_dq, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(acc_dq);
+      }
       if (c == 0) {
         reg_fence(acc_dv);
         reg_fence(acc_dk);
