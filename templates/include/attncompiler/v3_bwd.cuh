@@ -433,7 +433,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
     const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
     float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
-      bulk_reduce_add_f32(gdq, s_stage, L::kDqTileFloats * 4);  // rows past Nq land in the tile's padding rows    // DQ_WIDE: the warpgroup's whole dQ columns in one product (m64 n DQ_N: DQ_N / 2 fp32 live, issued once the
+    // DQ_WIDE: the warpgroup's whole dQ columns in one product (m64 n DQ_N: DQ_N / 2 fp32 live, issued once the
     // step's dV / dK GEMMs have retired), then staged and added chunk by chunk; otherwise one m64 n DQ_CHUNK product
     // per chunk.
     constexpr bool kWide = Cfg::DQ_WIDE && L::DQ_N > L::DQ_CHUNK;
