@@ -133,7 +133,8 @@ _OPTION_SETS = ({"consumers": 1}, {"stages": 3}, {"consumers": 1, "stages": 4}, 
                 {"schedule": "v3", "stages": 4}, {"dq_red": 0}, {"dq_red": 1}, {"dq_red": 2},
                 {"dq_red": 2, "dq_split_n": False}, {"dq_red": 1, "consumers": 1}, {"dq_defer": False},
                 {"dq_defer": False, "dq_split_n": False}, {"dkv_split": True}, {"dq_pad": 0}, {"dq_chunk": 16},
-                {"dkv_split": True, "dq_red": 1}, {"dq_wide": True, "dq_split_n": False})
+                {"dkv_split": True, "dq_red": 1}, {"dq_wide": True, "dq_split_n": False},
+                {"dq_wide": True, "dq_chunk": 16})
 
 
 @needs_hopper

@@ -116,6 +116,22 @@ def test_plan_d256_splits_dk_dv_by_columns():
     assert "got D=256, DV=96" in v3_bwd_refusal(ProblemDims(256, 96), SM90)
 
 
+def test_plan_dq_wide_where_the_columns_span_several_chunks():
+    # one wgmma over the warpgroup's dQ columns, then added chunk by chunk: by default where they span several chunks
+    # (d256: 128 columns in 32-column tiles; d = 48 / 80 / 96 / 112 split by keys), never with dropout or a forced chunk
+    wide = {d: plan_v3_bwd(ProblemDims(d), SM90).dq_wide for d in (48, 64, 80, 96, 112, 128, 256)}
+    assert wide == {48: True, 64: False, 80: True, 96: True, 112: True, 128: False, 256: True}
+    assert not plan_v3_bwd(build_ir(ac.AttentionSpec(head_dim=256, dropout_p=0.1)), SM90).dq_wide
+    assert not plan_v3_bwd(ProblemDims(128), SM90, dq_chunk=16).dq_wide
+    forced = plan_v3_bwd(ProblemDims(64), SM90, dq_chunk=16, dq_wide=True)
+    assert forced.dq_wide and "one wgmma of 32 columns added in chunks of 16" in forced.describe()
+    # the accumulator of the wide product replaces the chunk's, once the dV / dK fragments have retired
+    assert plan_v3_bwd(ProblemDims(112), SM90).est_registers_per_thread == 112 + 64 + 40
+    src = bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"}).source
+    assert "DQ_WIDE = true" in src and "void wgmma_bwd_dq_wide(" in src and "m64n128k16" in src
+    assert "void wgmma_bwd_dq_wide(" not in bwd_source(build_ir(presets.causal(128)), SM90).source
+
+
 def test_dq_tile_offsets_swizzle_within_rows():
     # the kernel's V3BwdLayout::dq_tile_offset, replayed: rows padded by 4 fp32, or unpadded with the 16-byte groups
     # of row r XORed by r's low bits; either way a bijection of each row's chunk columns onto its own floats

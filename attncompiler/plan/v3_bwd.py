@@ -283,7 +283,9 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     continue
                 chunks = (dq_chunk,)
             for chunk in chunks:
-                wide = bool(dq_wide) if dq_wide is not None else wide_default and (d // nc if split else d) > chunk
+                # (a forced narrower chunk keeps one product per chunk unless dq_wide is forced too)
+                wide = (bool(dq_wide) if dq_wide is not None else
+                        wide_default and dq_chunk is None and (d // nc if split else d) > chunk)
                 regs = v3_bwd_register_estimate(d, dv, nc, split, dkv_split=dkv_split, chunk=chunk, dq_wide=wide)
                 if regs["total"] > CONSUMER_REGS[nc]:
                     rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "

@@ -445,7 +445,9 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       reg_fence(acc_dk);
       reg_fence(pf);
       reg_fence(df);
-      const unsigned long long dkt = opaque_u64(wgmma_desc_sw128(krow0 + (col0 >> 6) * BN * 128, BN * 128, 1024));
+      // (col0 inside its box: D = 64 split by columns starts warpgroup 1 at byte 64 of the row, as a chunk would)
+      const unsigned long long dkt =
+          opaque_u64(wgmma_desc_sw128(krow0 + (col0 >> 6) * BN * 128 + (col0 & 63) * 2, BN * 128, 1024));
       reg_fence(acc_wide);
       wgmma_fence();
 #pragma unroll
