@@ -320,7 +320,7 @@ def test_maps_geometry_padded_and_packed(monkeypatch):
     assert det.grids(dims)["attn_bwd_kv"] == (2, 3 * 8, 1) == src.grids(dims)["attn_bwd_kv"]
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_render_every_variant(head_dim):
     for name, spec in _all_specs(head_dim).items():
         src = _render(spec).source
@@ -336,13 +336,17 @@ def test_render_every_variant(head_dim):
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_nvcc_compiles_every_variant_without_spills(head_dim):
     jobs = {name: _render(spec).source for name, spec in _all_specs(head_dim).items()}
-    jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
-    jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
-    jobs["causal dq_split_n=False"] = _render(presets.causal(head_dim), dq_split_n=False).source
-    for d, dv in ((96, 96), (32, 32), (80, 80), (128, 96), (96, 64)) if head_dim == 128 else ((48, 48), (16, 16)):
+    if head_dim == 256:  # dK / dV split by columns over the two consumers (dkv_split), dQ in one wgmma or by chunks
+        jobs["causal dq_wide=False"] = _render(presets.causal(head_dim), dq_wide=False).source
+        jobs["causal D=256 DV=128"] = _render(dataclasses.replace(presets.causal(256), head_dim_v=128)).source
+    else:
+        jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
+        jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
+        jobs["causal dq_split_n=False"] = _render(presets.causal(head_dim), dq_split_n=False).source
+    for d, dv in {128: ((96, 96), (32, 32), (80, 80), (128, 96), (96, 64)), 64: ((48, 48), (16, 16))}.get(head_dim, ()):
         jobs[f"causal D={d} DV={dv}"] = _render(dataclasses.replace(presets.causal(d), head_dim_v=dv)).source
     for name in ("causal", "document", "alibi"):  # packed sequences (the view of each CTA's sequence)
         if name in jobs:
@@ -354,9 +358,10 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
         reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
     for name, rep in reports.items():
         print(f"v3 bwd d={head_dim} {name:28s}: {rep.registers:3d} regs, spill {rep.spill_stores}/{rep.spill_loads} B")
-        # dropout at d = 128: its Philox words beside dK, dV and the fragments spill 120 B (nvcc 13.0) in the
-        # elementwise step; every other variant is spill-free
-        limit = 128 if "dropout" in name and head_dim == 128 else 0
+        # dropout at d = 128 / 256: its Philox words beside dK, dV and the fragments spill 120 / 104 B (nvcc 13.0) in
+        # the elementwise step; at d = 256 the packed document mask (sequence view + document ids beside the wide dQ
+        # accumulator) spills 8 B; every other variant is spill-free
+        limit = 128 if "dropout" in name and head_dim >= 128 else 8 if head_dim == 256 and "varlen" in name else 0
         assert rep.registers > 0 and rep.spill_stores <= limit and rep.spill_loads <= limit, name
 
 
