@@ -4,9 +4,9 @@
 
 Each item is ``d:variant[:option=value...]``: the variant is ``plain``, ``causal`` or ``cudnn`` / ``cudnn_causal``
 (torch SDPA's cuDNN backend, the reference); the options are the backward's (``schedule`` "v2" / "v3" / "auto",
-v3's ``consumers``, ``stages``, ``dq_split_n``, ``dq_red``, or v2's plan options; ``n=4096`` sets the sequence
-length, B = 16384 // n; ``deterministic=true`` calls the kernel with ``deterministic=True``).  FLOPs: backward =
-2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
+v3's ``consumers``, ``stages``, ``dq_split_n``, ``dq_red``, ``dkv_split``, ``dq_wide``, ``dq_chunk``, ``dq_pad``, or
+v2's plan options; ``n=4096`` sets the sequence length, B = 16384 // n; ``deterministic=true`` calls the kernel
+with ``deterministic=True``).  FLOPs: backward = 2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
 ``torch.autograd.grad`` of a retained graph (backward only; triton's do_bench median over two input sets); with
 ROUNDS > 1 configs are timed once per round in order, and the median over the rounds is printed last.
 """
