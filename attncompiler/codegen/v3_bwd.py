@@ -38,8 +38,8 @@ class DqTiles:
     """The layout of a tiled fp32 dQ accumulator (``dq_red`` 2): (accumulator rows / rows, H, D / chunk, rows,
     row_floats), one warp's staged rows x chunk columns per tile, of which chunk floats of each row hold dQ (the
     rest is the staging buffer's padding, never read; with ``swizzled`` rows, no padding, each row's 16-byte
-    groups XOR the row's low bits: V3BwdLayout::dq_tile_offset).  Accumulator rows: b * Nq_pad + row in a padded batch; packed
-    sequences start at row 64 (q_start / 64 + b) (``varlen.cuh``)."""
+    groups XOR the row's low bits: V3BwdLayout::dq_tile_offset).  Accumulator rows: b * Nq_pad + row in a padded
+    batch; packed sequences start at row 64 (q_start / 64 + b) (``varlen.cuh``)."""
 
     rows: int
     chunk: int

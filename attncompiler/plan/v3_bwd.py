@@ -9,8 +9,9 @@ Facts of the kernel as module constants:
   DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 128 up to 256),
   ``dkv_split``: both consumers own the CTA's same 64 keys and split dK / dV by columns (D/4 + DV/4 fp32 each);
   each computes S^T, dP^T and dS^T whole (7 GEMM units a step where 5 are needed) into its own dS^T tile, and
-  takes its half of dQ's columns from it, so the warpgroups never wait for each other.  A row of Q, K, V or dO is ceil(d/64) 64-column TMA
-  boxes (128 bytes, the 128-byte swizzle's row), zero-filled past d (d = 96 takes d = 128's shared memory).
+  takes its half of dQ's columns from it, so the warpgroups never wait for each other.  A row of Q, K, V or dO is
+  ceil(d/64) 64-column TMA boxes (128 bytes, the 128-byte swizzle's row), zero-filled past d (d = 96 takes
+  d = 128's shared memory).
 * Registers per consumer thread: dK + dV, then either S^T + dP^T (32 + 32 fp32 while the elementwise
   code runs) or the P^T / dS^T fragments (2 * 16 registers) + the dQ accumulator (DQ_N/2 fp32), plus
   :data:`REG_OVERHEAD`; it must fit :data:`CONSUMER_REGS` (setmaxnreg; 24 for the producer).
@@ -181,12 +182,12 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
         if x % HEAD_DIM_STEP:
             return (f"v3 backward: expected {label} a multiple of {HEAD_DIM_STEP} and <= {MAX_HEAD_DIM} (wgmma k16 "
                     f"steps, dK/dV in registers), got {x}")
-    return None
+    return None  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
 
 
 def _needs_dkv_split(d: int, dv: int) -> bool:
     """Whether dK and dV of 64 keys exceed a warpgroup's registers (then the two consumers split their columns)."""
-    return max(d, dv) > MAX_HEAD_DIM  # packed sequences (varlen) run it too: one view per sequence, TMA rows from the sequence start
+    return max(d, dv) > MAX_HEAD_DIM
 
 
 def v3_bwd_auto_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
@@ -293,7 +294,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                     continue
                 for pad in pads:
                     for st in ((stages,) if stages is not None else STAGES):
-                        smem = v3_bwd_smem_bytes(d, dv, nc, st, dq_red, split, dkv_split=dkv_split, chunk=chunk, pad=pad)
+                        smem = v3_bwd_smem_bytes(d, dv, nc, st, dq_red, split, dkv_split=dkv_split, chunk=chunk,
+                                                 pad=pad)
                         if smem > limit:
                             rejected.append(f"consumers={nc}, dq_chunk={chunk}, dq_pad={pad}, stages={st}: smem {smem} "
                                             f"B > {limit} B limit")
@@ -311,9 +313,9 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
     bn = 64 if dkv_split else 64 * nc
     reasons = (
         f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
-        (f"BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups: dK/dV split by columns ({d // nc} + {dv // nc} "
-         f"each: D/2 + DV/2 > 128 fp32 per thread otherwise), S^T / dP^T / dS^T computed by each (7 GEMM units a step "
-         f"for 5)" if dkv_split else
+        (f"BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups: dK/dV split by columns ({d // nc} + "
+         f"{dv // nc} each: D/2 + DV/2 > 128 fp32 per thread otherwise), S^T / dP^T / dS^T computed by each (7 GEMM "
+         f"units a step for 5)" if dkv_split else
          f"BLOCK_N = 64 x {nc} consumer warpgroups = {bn} keys per CTA (wgmma M = 64 keys each)")
         + f"; BLOCK_M = {BLOCK_M} query rows per step",
         f"registers ~ dK+dV {regs['dk_dv']} + max(S^T+dP^T {regs['elementwise']}, fragments+dQ "
