@@ -255,6 +255,27 @@ __device__ __forceinline__ void v3_bwd_dq_staged(const float (&acc)[L::DQ_CHUNK 
   }
 }
 
+// The dQ product of one step, m64 nN with N = 2 NF (wgmma_bwd_dq is overloaded by it): A = dS (MN-major, descriptor
+// dds), B = K, MN-major, from column col of the key rows at krow0 (BN rows of 128-byte boxes). col may start inside
+// its box (D = 64 split by columns starts warpgroup 1 at byte 64 of the row). A function, not a generic lambda:
+// NVRTC compiles a generic lambda nested in a lambda as host code ("host functions are not allowed in JIT mode").
+template <int DQ_K, int BN, int NF>
+__device__ __forceinline__ void v3_bwd_dq_product(float (&acc)[NF], unsigned long long dds, unsigned int krow0,
+                                                  int col) {
+  static_assert(DQ_K % 16 == 0 && NF % 4 == 0, "dQ product: K a multiple of 16, N a multiple of 8");
+  const unsigned long long dkt =
+      opaque_u64(wgmma_desc_sw128(krow0 + (col >> 6) * BN * 128 + (col & 63) * 2, BN * 128, 1024));
+  reg_fence(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < DQ_K / 16; ++kk) {
+    wgmma_bwd_dq(acc, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(acc);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf,
                                           const V3BwdMaps& maps) {
@@ -434,21 +455,6 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
     const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
     float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
-    // The dQ product over B columns from col into acc (m64 n = acc's width: wgmma_bwd_dq is overloaded by it); col may
-    // start inside its box (D = 64 split by columns starts warpgroup 1 at byte 64 of the row).
-    auto dq_product = [&](auto& acc, int col) {
-      const unsigned long long dkt =
-          opaque_u64(wgmma_desc_sw128(krow0 + (col >> 6) * BN * 128 + (col & 63) * 2, BN * 128, 1024));
-      reg_fence(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < L::DQ_K / 16; ++kk) {
-        wgmma_bwd_dq(acc, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(acc);
-    };
     // DQ_WIDE: the warpgroup's whole dQ columns in one product (m64 n DQ_N: DQ_N / 2 fp32 live, issued once the
     // step's dV / dK GEMMs have retired, so that their A fragments are dead), then staged and added chunk by chunk;
     // otherwise one m64 n DQ_CHUNK product per chunk.
@@ -460,7 +466,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       reg_fence(acc_dk);
       reg_fence(pf);
       reg_fence(df);
-      dq_product(acc_wide, col0);
+      v3_bwd_dq_product<L::DQ_K, BN>(acc_wide, dds, krow0, col0);
     }
 #pragma unroll
     for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
@@ -469,7 +475,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       float(&acc_dq)[L::DQ_CHUNK / 2] =
           kWide ? reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_wide[kWide ? c * (L::DQ_CHUNK / 2) : 0])
                 : reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_own[0]);
-      if constexpr (!kWide) dq_product(acc_dq, col);
+      if constexpr (!kWide) v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, krow0, col);
       if (c == 0) {
         reg_fence(acc_dv);
         reg_fence(acc_dk);
