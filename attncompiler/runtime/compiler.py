@@ -4,7 +4,9 @@ Two cache levels: an in-process dict of loaded kernels keyed by (source digest, 
 and an on-disk cubin cache keyed by a digest of (source, options, NVRTC version, arch), written
 atomically (temporary file + ``os.replace``) so concurrent processes never read a torn file.
 ``compile_with_nvcc`` is the offline path used without a GPU (CI): it builds a cubin with nvcc and
-reports registers, spills and shared memory.
+reports registers, spills and shared memory, and compiles the same source with NVRTC too where NVRTC loads
+(it needs no GPU: CuPy's bindings and the ``nvidia-cuda-nvrtc`` wheel), because the two front ends differ:
+NVRTC compiles in JIT mode, where code nvcc takes (a generic lambda nested in a device lambda) is host code.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from .. import env
 
 __all__ = ["CompileError", "LoadedKernel", "NvccReport", "compile_kernel", "compile_functions", "compile_with_nvcc",
-           "nvrtc_options", "compile_stats", "precompile_to_disk"]
+           "nvrtc_options", "nvrtc_unavailable", "compile_stats", "precompile_to_disk"]
 
 _NVRTC_FLAGS = ("-std=c++17", "-DNDEBUG")
 
@@ -100,6 +102,17 @@ def _nvrtc_cubin(source: str, arch: str, name: str) -> tuple[bytes, str]:
         return bytes(nvrtc.getCUBIN(prog)), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def nvrtc_unavailable() -> str | None:
+    """None when NVRTC loads in this process (no GPU needed), else why it does not."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as e:  # ImportError without CuPy; a CuPy error naming the library when libnvrtc is missing
+        return f"NVRTC does not load: {type(e).__name__}: {e}"
+    return None
 
 
 def _disk_key(source: str, arch: str) -> str:
@@ -222,6 +235,8 @@ class NvccReport:
     seconds: float
     log: str = field(repr=False)
     cubin: bytes = field(repr=False)
+    # NVRTC (the runtime's compiler, its options) compiled the same source too; False where NVRTC does not load
+    nvrtc_checked: bool = False
 
 
 _REG_RE = re.compile(r"Used (\d+) registers")
@@ -230,11 +245,13 @@ _STACK_RE = re.compile(r"(\d+) bytes stack frame")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
 
 
-def compile_with_nvcc(source: str, arch: str, *, extra: tuple[str, ...] = ()) -> NvccReport:
+def compile_with_nvcc(source: str, arch: str, *, extra: tuple[str, ...] = (), nvrtc: bool = True) -> NvccReport:
     """Compile ``source`` to a cubin with nvcc (no GPU needed) and parse ptxas's resource report.
 
     ``arch`` like ``sm_80`` or ``sm_90a`` (the latter is passed as ``-gencode`` so the
-    arch-specific instructions assemble)."""
+    arch-specific instructions assemble).  With ``nvrtc`` (the default) the source is compiled with NVRTC
+    as well, exactly as the runtime does, wherever NVRTC loads (``nvrtc_checked`` says whether it did); a
+    source that only NVRTC refuses raises :class:`CompileError` with NVRTC's log."""
     nvcc = shutil.which(env.nvcc_path())
     if nvcc is None:
         raise CompileError(f"nvcc not found (looked for {env.nvcc_path()!r}; set ATTNCOMPILER_NVCC)")
@@ -257,4 +274,7 @@ def compile_with_nvcc(source: str, arch: str, *, extra: tuple[str, ...] = ()) ->
         ld = sum(int(b) for _, b in spills)
         stack = max((int(x) for x in _STACK_RE.findall(log)), default=0)
         smem = max((int(x) for x in _SMEM_RE.findall(log)), default=0)
-        return NvccReport(arch, regs, st, ld, stack, smem, dt, log, out.read_bytes())
+        checked = nvrtc and nvrtc_unavailable() is None
+        if checked:
+            _nvrtc_cubin(source, arch, "kernel")  # raises CompileError with NVRTC's log
+        return NvccReport(arch, regs, st, ld, stack, smem, dt, log, out.read_bytes(), checked)
