@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python3 benchmarks/v3_bwd_sweep.py "128:causal,128:causal:dq_split_n=false,64:plain:schedule=v2" [ROUNDS]
 
-Each item is ``d:variant[:option=value...]``: the variant is ``plain``, ``causal`` or ``cudnn`` / ``cudnn_causal``
-(torch SDPA's cuDNN backend, the reference); the options are the backward's (``schedule`` "v2" / "v3" / "auto",
+Each item is ``d:variant[:option=value...]``: the variant is ``plain``, ``causal``, ``fullmask`` (a mask
+that hides nothing: mask code compiled in, every tile FULL) or ``cudnn`` / ``cudnn_causal`` (torch SDPA's cuDNN
+backend, the reference); the options are the backward's (``schedule`` "v2" / "v3" / "auto",
 v3's ``consumers``, ``stages``, ``dq_split_n``, ``dq_red``, ``dkv_split``, ``dq_wide``, ``dq_chunk``, ``dq_pad``, or
 v2's plan options; ``n=4096`` sets the sequence length, B = 16384 // n; ``deterministic=true`` calls the kernel
 with ``deterministic=True``).  FLOPs: backward = 2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
@@ -56,7 +57,11 @@ def main(argv: list[str]) -> int:
                     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             else:
-                fn = ac.compile(presets.causal(d) if causal else presets.plain(d))
+                if var == "fullmask":  # a mask that hides nothing: the mask code compiled in, every tile FULL
+                    spec = presets.plain(d, mask_mod=lambda b, h, q, kv: kv <= q + 2**30, name="fullmask")
+                else:
+                    spec = presets.causal(d) if causal else presets.plain(d)
+                fn = ac.compile(spec)
                 fn.backward_options = options
             outs = [fn(*s, deterministic=True) if det else fn(*s) for s in sets]
             it = [0]

@@ -515,15 +515,44 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   unsigned int p_frag[KQ][4], ds_frag[KQ][4];  // A operands of the step's dV / dK GEMMs (read until they retire)
   int i = 0;
   int prev_h = 0, prev_q0 = 0, prev_s = 0;
-  for (int it = walk.next(0, p, buf); it < walk.total; ++i) {
-    const int it_next = walk.next(it + 1, p, buf);
-    const int s = i % STAGES;
-    int h, q0;
-    walk.coords(it, h, q0);
-    bool masked = (q0 + BM > p.Nq) || (kv0 + BN > p.Nk);
+  // The walk's bookkeeping for a step: its coordinates and class, and the block after it (the next EMPTY-skipping
+  // search): two integer divisions and the tile classes, ~150 dependent uniform instructions. Without DQ_DEFER it
+  // runs one step ahead, under the S^T / dP^T GEMMs (advance()): at the top of a step nothing hides it, and a mask
+  // that hides nothing cost d = 256 16 % of its time there. With DQ_DEFER it stays at the top of the step, before
+  // the deferred dQ (under the GEMMs it cost d = 128 4.5 %).
+  auto step_masked = [&](int h_, int q0_) {
+    bool m = (q0_ + BM > p.Nq) || (kv0 + BN > p.Nk);
     if constexpr (Variant::kHasMask) {
-      masked = masked || Variant::tile_class(b, h, q0, min(q0 + BM, p.Nq) - 1, kv0, walk.kv_hi, p, buf) != AC_TILE_FULL;
+      m = m || Variant::tile_class(b, h_, q0_, min(q0_ + BM, p.Nq) - 1, kv0, walk.kv_hi, p, buf) != AC_TILE_FULL;
     }
+    return m;
+  };
+  int it = walk.next(0, p, buf), it_next = 0;
+  int h = 0, q0 = 0;
+  bool masked = false;
+  int next_h = 0, next_q0 = 0, it_after = 0;  // (without DQ_DEFER) the step after this one
+  bool next_masked = false;
+  auto advance = [&]() {
+    if (it_next < walk.total) {
+      walk.coords(it_next, next_h, next_q0);
+      next_masked = step_masked(next_h, next_q0);
+    }
+    it_after = walk.next(it_next + 1, p, buf);
+  };
+  if constexpr (!Cfg::DQ_DEFER) {
+    if (it < walk.total) {
+      walk.coords(it, h, q0);
+      masked = step_masked(h, q0);
+    }
+    it_next = walk.next(it + 1, p, buf);
+  }
+  for (; it < walk.total; ++i) {
+    if constexpr (Cfg::DQ_DEFER) {
+      it_next = walk.next(it + 1, p, buf);
+      walk.coords(it, h, q0);
+      masked = step_masked(h, q0);
+    }
+    const int s = i % STAGES;
     const unsigned int sQs = s_q(s), sDOs = s_do(s);
     const float* s_lse2 = reinterpret_cast<const float*>(smem_raw + (s_rows(s) - raw));
     const float* s_dsum = s_lse2 + BM;
@@ -566,6 +595,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
         wgmma_bwd_s(dp_flat, dV_a + ((box * BN * 128 + off) >> 4), ddo_b + ((box * BM * 128 + off) >> 4), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
+      if constexpr (!Cfg::DQ_DEFER) advance();  // under the GEMMs
       wgmma_wait<0>();
       reg_fence(s_flat);
       reg_fence(dp_flat);
@@ -630,6 +660,12 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     prev_q0 = q0;
     prev_s = s;
     it = it_next;
+    if constexpr (!Cfg::DQ_DEFER) {
+      it_next = it_after;
+      h = next_h;
+      q0 = next_q0;
+      masked = next_masked;
+    }
   }
   if constexpr (Cfg::DQ_DEFER) {
     if (i > 0) {
