@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 benchmarks/v3_sweep.py "128:plain,128:softcap:exp2_poly=4,64:causal:block_n=176:stages=2" [ROUNDS]
 
 Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
-alibi_causal, softcap, sliding_window, or a preset name), the options are plan_v3's (block_n, stages,
+alibi_causal, softcap, sliding_window, fullmask, or a preset name), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m; omitted ones take the planner's choice; ``n=2048`` is not a plan option but the
 sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` compiles the kernel with
 ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:

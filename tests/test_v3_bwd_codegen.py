@@ -190,7 +190,7 @@ def test_dq_out_kernel():
     assert tiled.threads("attn_bwd_dq_out") == DQ_OUT_THREADS and tiled.smem("attn_bwd_dq_out") == 0
     dims = AttnInputs(B=3, H=5, H_kv=5, Nq=1023, Nk=77, D=128, DV=128)
     assert tiled.grids(dims)["attn_bwd_dq_out"] == (-(-1023 // DQ_OUT_ROWS), 15, 1)
-    header = (Path(__file__).parents[1] / "templates/include/attncompiler/v3_bwd.cuh").read_text()
+    header = (Path(__file__).parents[1] / "templates/include/attncompiler/v3_bwd_dq.cuh").read_text()
     assert re.search(rf"constexpr int kDqOutThreads = {DQ_OUT_THREADS};", header)
     assert re.search(rf"const int q0 = blockIdx.x \* {DQ_OUT_ROWS};", header)
     packed = bwd_source(ir, SM90, options={"dq_red": 2}, varlen=True)

@@ -29,7 +29,7 @@ from .v3 import PTX_TYPES
 __all__ = ["V3BwdKernelSource", "DqTiles", "render_v3_bwd", "bwd_maps", "TEMPLATE"]
 
 TEMPLATE = "v3_bwd.cu.j2"
-DQ_OUT_THREADS = 256  # threads per CTA of attn_bwd_dq_out (ac::kDqOutThreads in v3_bwd.cuh)
+DQ_OUT_THREADS = 256  # threads per CTA of attn_bwd_dq_out (ac::kDqOutThreads in v3_bwd_dq.cuh)
 DQ_OUT_ROWS = 64      # query rows per CTA of attn_bwd_dq_out (v3_bwd_dq_out)
 
 
