@@ -4,8 +4,8 @@
 
 Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
 alibi_causal, softcap, sliding_window, fullmask, or a preset name), the options are plan_v3's (block_n, stages,
-persistent, exp2_poly, block_m; omitted ones take the planner's choice; ``n=2048`` is not a plan option but the
-sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` compiles the kernel with
+persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
+option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` compiles the kernel with
 ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is

@@ -305,7 +305,8 @@ def test_compile_auto_uses_tuned_v3_and_auto_entries(tuned_dir: Path, fake_gpu: 
     kern = ac.compile(spec, target="sm_90", build=False, seqlen_hint=4096)
     assert kern.schedule == "v3" and kern.plan.options == {**v3_opts, "exp2_poly": 0, "block_m": 128,
                                                                        "kv_descending": False,
-                                                                       "score_skip": False, "q_prescale": False}  # a stored entry's
+                                                                       "score_skip": False, "q_prescale": False,
+                                                                       "late_pv_wait": False}  # a stored entry's
     # missing options take the planner's defaults
     assert kern.plan.reasons[0].startswith("autotuned on NVIDIA H100 80GB HBM3 for seqlen bucket 4096 (hint 4096): v3")
     # an "auto" entry won by v2 gives a v2 kernel
@@ -368,7 +369,7 @@ def test_tune_candidates_v3_cpu() -> None:
         assert v3[0] == plan_v3(ir, t).options  # the model's choice first
         assert len(v3) == len({tuple(sorted(c.items())) for c in v3}) >= 4
         assert all(set(c) == {"block_n", "stages", "persistent", "exp2_poly", "block_m",
-                                 "kv_descending", "score_skip", "q_prescale"} for c in v3)
+                                 "kv_descending", "score_skip", "q_prescale", "late_pv_wait"} for c in v3)
         assert all(plan_v3(ir, t, **c).options == c for c in v3)  # every one is feasible
         assert any(c["persistent"] for c in v3) and len({c["block_n"] for c in v3}) >= 2
         assert at.tune_candidates(ir, t, "v3", max_candidates=2) == v3[:2]

@@ -470,3 +470,24 @@ def test_kv_descending(name):
         for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
             res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
             assert res.ok, f"{name} descending GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_late_pv_wait(name):
+    """Plan option late_pv_wait (the wait for the previous block's P V kept below a masked kernel's softmax): every
+    preset at seqlens that are not multiples of a tile, d = 64 / 128 / 256, fp16, and GQA at cross lengths."""
+    for head_dim in (64, 128, 256):
+        for n in (113, 1023, 4096):
+            kern = ac.compile(spec_for(name, head_dim, "bf16", n), "v3", late_pv_wait=True)
+            assert kern.kernel_source.plan.late_pv_wait
+            res = check_kernel(kern, B, H, n)
+            assert res.ok, f"{name} late_pv_wait d={head_dim} N={n}: {res}"
+    kern = ac.compile(spec_for(name, 128, "fp16", 1023), "v3", late_pv_wait=True)
+    res = check_kernel(kern, B, H, 1023)
+    assert res.ok, f"{name} late_pv_wait fp16: {res}"
+    if name in ("plain", "causal", "sliding_window", "document"):
+        kern = ac.compile(spec_for(name, 128, "bf16", 1500), "v3", late_pv_wait=True)
+        for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
+            res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
+            assert res.ok, f"{name} late_pv_wait GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"

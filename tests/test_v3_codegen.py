@@ -422,3 +422,32 @@ def test_nvcc_one_consumer_two_ctas(head_dim):
         assert rep.registers <= 128, f"{name}: {rep.registers} registers > 128 (two CTAs of 256 threads)"
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
         assert "C7520" not in rep.log and "C7508" not in rep.log, f"{name}\n{rep.log}"
+
+
+def test_plan_late_pv_wait():
+    """late_pv_wait is opt-in (not yet measured on a GPU); forcing it reaches the kernel as a constexpr, and a
+    non-bool is refused with what was expected."""
+    causal = build_ir(presets.causal(128))
+    assert not plan_v3(causal, "sm_90").late_pv_wait
+    p = plan_v3(causal, "sm_90", late_pv_wait=True)
+    assert p.late_pv_wait and p.options["late_pv_wait"] is True
+    assert any("below the softmax (late_pv_wait" in r for r in p.reasons)
+    with pytest.raises(PlanError, match="expected late_pv_wait a bool, got 'yes'"):
+        plan_v3(causal, "sm_90", late_pv_wait="yes")
+    assert "static constexpr bool LATE_PV_WAIT = true;" in _render(presets.causal(128), late_pv_wait=True).source
+    assert "static constexpr bool LATE_PV_WAIT = false;" in _render(presets.causal(128)).source
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_nvcc_late_pv_wait(head_dim):
+    """With late_pv_wait every preset and example compiles for sm_90a (nvcc and NVRTC) without spills or serialized
+    wgmmas, as by default."""
+    jobs = {name: _render(spec, late_pv_wait=True).source for name, spec in _specs(head_dim).items()}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    for name, rep in reps.items():
+        assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
+        if name in ("plain", "causal", "alibi", "softcap", "sliding_window", "document"):
+            assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"

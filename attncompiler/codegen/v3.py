@@ -65,6 +65,7 @@ class V3Schedule:
             kv_descending=plan.kv_descending,
             score_skip=plan.score_skip,
             q_prescale=plan.q_prescale,
+            late_pv_wait=plan.late_pv_wait,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

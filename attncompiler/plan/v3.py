@@ -111,7 +111,16 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale")
+              "q_prescale", "late_pv_wait")
+#: ``late_pv_wait``: in a masked kernel (one softmax copy, the branch around the mask pass only) ptxas hoists the
+#: main loop's wait for the previous block's P V from below the softmax to the mask pass's merge point, above the
+#: row maxima and exponentials, so the softmax never runs under that GEMM (SASS, nvcc 13.0: sliding window, causal
+#: d64 / d128, a mask that hides nothing at d256). The option takes the lazy rescale's vote right after the softmax,
+#: over the warpgroup (a named-barrier OR: wgmma.wait_group is .aligned, so every thread of the warpgroup must take
+#: the same arm), and waits in both arms of that branch, which keeps the wait below the exponentials (fixed-offset
+#: kernels, which never rescale, are unchanged). A mask that hides nothing costs the forward 5 % (d128 636 vs 671, d256 722 vs 761,
+#: H200); off until it is measured on a GPU.
+LATE_PV_WAIT_DEFAULT = False
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -140,13 +149,14 @@ class V3Plan(Plan):
     kv_descending: bool = False
     score_skip: bool = False
     q_prescale: bool = False
+    late_pv_wait: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
-                "score_skip": self.score_skip, "q_prescale": self.q_prescale}
+                "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -248,7 +258,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
             persistent: bool | None = None, exp2_poly: int | None = None,
             kv_descending: bool | None = None, score_skip: bool | None = None,
-            q_prescale: bool | None = None) -> V3Plan:
+            q_prescale: bool | None = None, late_pv_wait: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -393,6 +403,12 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     reasons.append(why_skip)
     qpre, why_qpre = q_prescale_choice(ir_or_dims, q_prescale)
     reasons.append(why_qpre)
+    if late_pv_wait is not None and not isinstance(late_pv_wait, bool):
+        raise PlanError(f"v3: expected late_pv_wait a bool, got {late_pv_wait!r}")
+    late = LATE_PV_WAIT_DEFAULT if late_pv_wait is None else late_pv_wait
+    if late:
+        reasons.append("the previous block's P V waited for below the softmax (late_pv_wait: the warpgroup's lazy-rescale "
+                       "vote branches right after the softmax; masked kernels without a fixed offset)")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")
@@ -403,7 +419,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         est_registers_per_thread=consumer_regs if ctas == 1 else reg_cap,
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
-        kv_descending=desc, score_skip=skip, q_prescale=qpre,
+        kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late,
     )
 
 

@@ -341,18 +341,31 @@ struct V3Consumer {
     }
   }
 
-  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
-    if constexpr (!kStatic) {  // (with a fixed offset alpha is 1)
-      // lazy rescaling: most blocks leave every row's offset alone (a warp-uniform skip)
-      if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+  // Lazy rescaling: most blocks leave every row's offset alone, so O is rescaled only where some row of the
+  // warp moved it (a warp-uniform vote; with a fixed offset alpha is 1 and there is nothing to do).
+  __device__ __forceinline__ bool needs_rescale(const float (&alpha)[2]) const {
+    if constexpr (kStatic) return false;
+    return __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
+  }
+  // The same decision for the whole warpgroup (a named barrier of its 128 threads, `bar`): uniform over the
+  // warpgroup, so that a branch on it may hold wgmma.wait_group (.aligned: every thread of the warpgroup must run
+  // the same one). The vote after the barrier changes no value; it tells ptxas that the branch is warp-uniform
+  // (on the barrier's result alone ptxas takes the branch as divergent and serializes every wgmma: C7520).
+  __device__ __forceinline__ bool needs_rescale_wg(const float (&alpha)[2], int bar) const {
+    if constexpr (kStatic) return false;
+    return __any_sync(0xffffffffu, named_bar_or(bar, 128, alpha[0] != 1.f || alpha[1] != 1.f));
+  }
+  __device__ __forceinline__ void scale_o(const float (&alpha)[2]) {
 #pragma unroll
-      for (int nt = 0; nt < NO / 4; ++nt) {
-        acc_o[4 * nt + 0] *= alpha[0];
-        acc_o[4 * nt + 1] *= alpha[0];
-        acc_o[4 * nt + 2] *= alpha[1];
-        acc_o[4 * nt + 3] *= alpha[1];
-      }
+    for (int nt = 0; nt < NO / 4; ++nt) {
+      acc_o[4 * nt + 0] *= alpha[0];
+      acc_o[4 * nt + 1] *= alpha[0];
+      acc_o[4 * nt + 2] *= alpha[1];
+      acc_o[4 * nt + 3] *= alpha[1];
     }
+  }
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+    if (needs_rescale(alpha)) scale_o(alpha);
   }
 
   // P's A fragments for the k16 steps of P V: the C layout of two adjacent n8 tiles of S is the

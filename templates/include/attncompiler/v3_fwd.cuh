@@ -391,6 +391,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
                           : (Variant::kScoreSeparable ? 1.f : Variant::kScoreLog2Factor);
   constexpr bool kPingPong = (NC >= 2);
+  // LATE_PV_WAIT: where it matters, a masked kernel's one softmax copy (no fixed offset: it may rescale)
+  constexpr bool kLatePvWait = Cfg::LATE_PV_WAIT && !V3Consumer<Cfg>::kTwoSoftmaxCopies && !V3Consumer<Cfg>::kStatic;
   // Ping-pong (round robin over the NC >= 2 consumers): before each of its turns (one GEMM issue)
   // warpgroup w waits on bar[w]; after it, it grants the next one's turn (w + 1 mod NC). Every
   // warpgroup takes the same turns (the CTA's K/V blocks). The last warpgroup grants warpgroup 0's
@@ -495,11 +497,26 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
         st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-        wgmma_wait<0>();
-        reg_fence(st.acc_o);
-        reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
-        mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
-        st.rescale_o(alpha);
+        auto pv_done = [&]() {
+          wgmma_wait<0>();
+          reg_fence(st.acc_o);
+          reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
+          mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
+        };
+        if constexpr (kLatePvWait) {
+          // the branch keeps ptxas from hoisting the wait above the softmax (plan/v3.py LATE_PV_WAIT_DEFAULT); its
+          // condition is the warpgroup's (the epilogue's barrier of this warpgroup, free here), so that every
+          // thread of the warpgroup runs the same wait
+          if (st.needs_rescale_wg(alpha, kEpilogueBar + wg)) {
+            pv_done();
+            st.scale_o(alpha);
+          } else {
+            pv_done();
+          }
+        } else {
+          pv_done();
+          st.rescale_o(alpha);
+        }
         st.convert_p(j * BN, row0, b, h, p);
         s_prev = s;
         phase_prev = phase;
