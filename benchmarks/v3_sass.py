@@ -4,6 +4,11 @@ installed, else NVRTC).
 
     PYTHONPATH=. python3 benchmarks/v3_sass.py            # HGMMA / spill table
     PYTHONPATH=. python3 benchmarks/v3_sass.py --model    # + the softmax issue model per stretch
+    PYTHONPATH=. python3 benchmarks/v3_sass.py --option late_pv_wait=true   # plan options for every kernel
+
+``P V overlap`` says, for each wait on the S GEMM (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: the main loop), whether the
+softmax's exponentials that follow run before the wait on the previous block's P V (``gsb0, 0x0``), i.e. under
+that GEMM ("yes"), or after it ("no": ptxas hoisted the wait; twenty-fourth session, plan option late_pv_wait).
 
 ``--model`` splits the machine code into the stretches between HGMMA groups and branches (one copy of a
 softmax each) and estimates each stretch's time for one warp issuing in order, on one SM sub-partition:
@@ -71,6 +76,25 @@ def softmax_stretches(ops: list[tuple[int, str, int | None]], min_mufu: int = 20
     return out
 
 
+def pv_overlap(sass: str) -> list[bool]:
+    """Per ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` of ``cuobjdump -sass`` text: True where no ``gsb0, 0x0`` wait comes
+    between it and the next MUFU.EX2 (the softmax runs under the in-flight P V), False where one does."""
+    lines = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+    out = []
+    for i, line in enumerate(lines):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            j = next((k for k in range(i + 1, len(lines)) if "MUFU.EX2" in lines[k]), None)
+            if j is not None:
+                out.append(not any("WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[k] for k in range(i + 1, j)))
+    return out
+
+
+def _value(v: str) -> object:
+    if v in ("true", "false"):
+        return v == "true"
+    return int(v) if v.lstrip("-").isdigit() else v
+
+
 def main() -> int:
     import attncompiler as ac
     from attncompiler.runtime.compiler import _nvrtc_cubin, compile_with_nvcc
@@ -78,7 +102,9 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", action="store_true", help="print the softmax issue model per stretch")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a v3 plan option")
     args = ap.parse_args()
+    options = {k: _value(v) for k, v in (o.split("=", 1) for o in args.option)}
     specs = []
     for d in (64, 128, 256):
         specs += [(f"plain d={d}", presets.plain(d)), (f"causal d={d}", presets.causal(d))]
@@ -87,7 +113,7 @@ def main() -> int:
               ("sliding_window d=128", presets.sliding_window(1024, 128)),
               ("dropout d=128", ac.AttentionSpec(head_dim=128, dropout_p=0.1, name="dropout"))]
     for name, spec in specs:
-        ks = ac.compile(spec, "v3", build=False, target="sm_90").kernel_source
+        ks = ac.compile(spec, "v3", build=False, target="sm_90", **options).kernel_source
         if shutil.which("nvcc"):
             cubin = compile_with_nvcc(ks.source, ks.arch).cubin
         else:
@@ -101,7 +127,8 @@ def main() -> int:
         pl = ks.plan
         print(f"{name:22s} BM={pl.block_m} BN={pl.block_n} stages={pl.stages}: {len(hg)} HGMMA {shapes}, "
               f"LDL {len(re.findall(r'LDL', sass))}, STL {len(re.findall(r'STL', sass))}, "
-              f"HMMA {len(re.findall(r' HMMA', sass))}", flush=True)
+              f"HMMA {len(re.findall(r' HMMA', sass))}, P V overlap "
+              f"{' '.join('yes' if o else 'no' for o in pv_overlap(sass)) or '-'}", flush=True)
         if args.model:
             gemm = 2 * 2 * 64 * pl.block_n * spec.head_dim // 4096  # S and P V of one warpgroup, d = d_v
             for n, nm, t in softmax_stretches(sass_ops(sass)):
