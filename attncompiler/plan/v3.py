@@ -408,7 +408,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     late = LATE_PV_WAIT_DEFAULT if late_pv_wait is None else late_pv_wait
     if late:
         reasons.append("the previous block's P V waited for below the softmax (late_pv_wait: the warpgroup's lazy-rescale "
-                       "vote branches right after the softmax; masked kernels without a fixed offset)")
+                       "vote branches right after the softmax; kernels with one softmax copy, masks and ALiBi below d = 256, and "
+                       "no fixed offset)")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")

@@ -391,7 +391,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
                           : (Variant::kScoreSeparable ? 1.f : Variant::kScoreLog2Factor);
   constexpr bool kPingPong = (NC >= 2);
-  // LATE_PV_WAIT: where it matters, a masked kernel's one softmax copy (no fixed offset: it may rescale)
+  // LATE_PV_WAIT: where it matters, a kernel with one softmax copy (masks; ALiBi below d = 256) that may rescale
   constexpr bool kLatePvWait = Cfg::LATE_PV_WAIT && !V3Consumer<Cfg>::kTwoSoftmaxCopies && !V3Consumer<Cfg>::kStatic;
   // Ping-pong (round robin over the NC >= 2 consumers): before each of its turns (one GEMM issue)
   // warpgroup w waits on bar[w]; after it, it grants the next one's turn (w + 1 mod NC). Every
