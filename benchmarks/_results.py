@@ -1,5 +1,5 @@
 """The set-up the benchmark scripts share (bench_forward.py, bench_backward.py, bench_decode.py, the sweeps): the
-device banner, the JSON-lines result log and the sweeps' median summary.  Imported as a sibling module (``from _results import ...``:
+device banner, the JSON-lines result log, the sweeps' median summary and the parser of plan-option values.  Imported as a sibling module (``from _results import ...``:
 the scripts run as ``PYTHONPATH=. python3 benchmarks/<script>.py``, which puts benchmarks/ on the path).
 """
 from __future__ import annotations
@@ -9,6 +9,13 @@ import os
 from typing import Any
 
 import torch
+
+
+def option_value(v: str) -> Any:
+    """A plan option's value as written on a command line (``true`` / ``false``, an int, else the string)."""
+    if v in ("true", "false"):
+        return v == "true"
+    return int(v) if v.lstrip("-").isdigit() else v
 
 
 def device_banner(extra: str = "") -> str:

@@ -15,10 +15,7 @@ import argparse
 import sys
 
 import torch
-
-
-def _value(v: str) -> object:
-    return v == "true" if v in ("true", "false") else int(v)
+from _results import option_value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         d_s, var, *opts = args.item.split(":")
         d = int(d_s)
-        options = {key: _value(val) for key, val in (o.split("=") for o in opts)}
+        options = {key: option_value(val) for key, val in (o.split("=") for o in opts)}
         H = 2048 // d
         kern = ac.compile(_spec(var, d, H, max(args.n, nk)), "v3", **options)
         q = torch.randn(1, H, args.n, d, device="cuda", dtype=torch.bfloat16)

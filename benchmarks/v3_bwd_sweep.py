@@ -17,13 +17,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from _results import print_round_medians
-
-
-def _value(v: str) -> object:
-    if v in ("true", "false"):
-        return v == "true"
-    return int(v) if v.lstrip("-").isdigit() else v
+from _results import option_value, print_round_medians
 
 
 def main(argv: list[str]) -> int:
@@ -40,7 +34,7 @@ def main(argv: list[str]) -> int:
     for item in argv[0].split(",") * rounds:
         d_s, var, *opts = item.split(":")
         d = int(d_s)
-        options = {k: _value(v) for k, v in (o.split("=") for o in opts)}
+        options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", 16384))
         det = bool(options.pop("deterministic", False))
         B, H = max(1, 16384 // N), 2048 // d

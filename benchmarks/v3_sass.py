@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from _results import option_value
 
 XU_CYCLES = 8        # cycles a warp's MUFU instruction holds its sub-partition's XU pipe
 ALU_CYCLES = 2       # half-rate integer / compare / select pipe
@@ -89,12 +90,6 @@ def pv_overlap(sass: str) -> list[bool]:
     return out
 
 
-def _value(v: str) -> object:
-    if v in ("true", "false"):
-        return v == "true"
-    return int(v) if v.lstrip("-").isdigit() else v
-
-
 def main() -> int:
     import attncompiler as ac
     from attncompiler.runtime.compiler import _nvrtc_cubin, compile_with_nvcc
@@ -104,7 +99,7 @@ def main() -> int:
     ap.add_argument("--model", action="store_true", help="print the softmax issue model per stretch")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a v3 plan option")
     args = ap.parse_args()
-    options = {k: _value(v) for k, v in (o.split("=", 1) for o in args.option)}
+    options = {k: option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     specs = []
     for d in (64, 128, 256):
         specs += [(f"plain d={d}", presets.plain(d)), (f"causal d={d}", presets.causal(d))]

@@ -18,7 +18,7 @@ import dataclasses
 import sys
 
 import torch
-from _results import print_round_medians
+from _results import option_value, print_round_medians
 from bench_v3 import _spec
 
 
@@ -40,12 +40,6 @@ def with_define(kern, name: str):
                                _v2=None, _decode_cp=None)
 
 
-def _value(v: str) -> object:
-    if v in ("true", "false"):
-        return v == "true"
-    return int(v) if v.lstrip("-").isdigit() else v
-
-
 def main(argv: list[str]) -> int:
     from triton.testing import do_bench
 
@@ -59,7 +53,7 @@ def main(argv: list[str]) -> int:
     for item in argv[0].split(",") * rounds:
         d_s, var, *opts = item.split(":")
         d = int(d_s)
-        options = {k: _value(v) for k, v in (o.split("=") for o in opts)}
+        options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", tokens))
         define = options.pop("define", None)  # a source-level variant: "#define NAME 1" before the kernel
         B, H = tokens // N, 2048 // d

@@ -24,13 +24,10 @@ import argparse
 import sys
 
 import torch
+from _results import option_value
 
 SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue", "epi_scale",
          "epi_sts", "epi_bar")
-
-
-def _value(v: str) -> object:
-    return v == "true" if v in ("true", "false") else int(v)
 
 
 def _median(xs: list[float]) -> float:
@@ -49,7 +46,7 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
 
     d_s, var, *opts = item.split(":")
     d = int(d_s)
-    options = {key: _value(val) for key, val in (o.split("=") for o in opts)}
+    options = {key: option_value(val) for key, val in (o.split("=") for o in opts)}
     H = 2048 // d
     kern = ac.compile(spec if spec is not None else _spec(var, d, H, max(n, nk)), "v3", **options)
     ks = kern.kernel_source
