@@ -23,17 +23,32 @@ extern "C" __global__ void k(float* out) {
 """
 
 
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cupy_cuda_major() -> int | None:
+    """The CUDA major version of the installed CuPy wheel (cupy-cuda13x -> 13), None without one."""
+    for major in (13, 12, 11):
+        if _version(f"cupy-cuda{major}x") is not None:
+            return major
+    return None
+
+
 def _need_nvrtc() -> None:
     """Skip where neither the test extra's NVRTC wheel nor another NVRTC is installed; where the wheel is
-    installed (``pip install -e ".[test]"`` on Linux, as CI does), NVRTC must load."""
+    installed for CuPy's CUDA major version (``pip install -e ".[test]"`` on Linux with cupy-cuda13x, as CI
+    does), NVRTC must load."""
     why = nvrtc_unavailable()
-    try:
-        wheel = importlib.metadata.version("nvidia-cuda-nvrtc")
-    except importlib.metadata.PackageNotFoundError:
-        wheel = None
-    if why is not None:
-        assert wheel is None, f"nvidia-cuda-nvrtc {wheel} is installed but {why}"
-        pytest.skip(f"{why} (pip install -e '.[test]' installs it on Linux)")
+    if why is None:
+        return
+    wheel = _version("nvidia-cuda-nvrtc")
+    if wheel is not None and int(wheel.split(".")[0]) == _cupy_cuda_major():
+        pytest.fail(f"nvidia-cuda-nvrtc {wheel} is installed for CuPy's CUDA {_cupy_cuda_major()} but {why}")
+    pytest.skip(f"{why} (pip install -e '.[test]' installs NVRTC for CUDA 13 on Linux)")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
