@@ -98,6 +98,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", action="store_true", help="print the softmax issue model per stretch")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a v3 plan option")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME",
+                    help="compile with '#define NAME 1' in front (A/B of source-level variants)")
     args = ap.parse_args()
     options = {k: option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     specs = []
@@ -109,10 +111,11 @@ def main() -> int:
               ("dropout d=128", ac.AttentionSpec(head_dim=128, dropout_p=0.1, name="dropout"))]
     for name, spec in specs:
         ks = ac.compile(spec, "v3", build=False, target="sm_90", **options).kernel_source
+        source = "".join(f"#define {n} 1\n" for n in args.define) + ks.source
         if shutil.which("nvcc"):
-            cubin = compile_with_nvcc(ks.source, ks.arch).cubin
+            cubin = compile_with_nvcc(source, ks.arch).cubin
         else:
-            cubin, _ = _nvrtc_cubin(ks.source, ks.arch, "sass")
+            cubin, _ = _nvrtc_cubin(source, ks.arch, "sass")
         with tempfile.TemporaryDirectory() as d:
             p = Path(d) / "k.cubin"
             p.write_bytes(cubin)

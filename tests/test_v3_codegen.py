@@ -425,17 +425,42 @@ def test_nvcc_one_consumer_two_ctas(head_dim):
 
 
 def test_plan_late_pv_wait():
-    """late_pv_wait is opt-in (not yet measured on a GPU); forcing it reaches the kernel as a constexpr, and a
+    """late_pv_wait is on by default in kernels with one softmax copy (a mask; ALiBi below d = 256) and no fixed
+    offset from DV = 256 (ALiBi: 128), off below; forcing it reaches the kernel as a constexpr, every plan says why, and a
     non-bool is refused with what was expected."""
+    from attncompiler.plan.v3 import LATE_PV_WAIT_MIN_DV
+
+    assert LATE_PV_WAIT_MIN_DV == 256
     causal = build_ir(presets.causal(128))
-    assert not plan_v3(causal, "sm_90").late_pv_wait
+    p = plan_v3(causal, "sm_90")
+    assert not p.late_pv_wait
+    assert any("late_pv_wait off: DV = 128 < LATE_PV_WAIT_MIN_DV = 256" in r for r in p.reasons)
     p = plan_v3(causal, "sm_90", late_pv_wait=True)
     assert p.late_pv_wait and p.options["late_pv_wait"] is True
-    assert any("below the softmax (late_pv_wait" in r for r in p.reasons)
+    assert any("below the softmax (late_pv_wait forced" in r for r in p.reasons)
+    for spec in (presets.causal(256), presets.sliding_window(1024, 256),
+                 presets.plain(256, mask_mod=lambda b, h, q, kv: kv <= q + 2**30)):
+        p = plan_v3(build_ir(spec), "sm_90")
+        assert p.late_pv_wait, spec
+        assert any("late_pv_wait: DV = 256 >= LATE_PV_WAIT_MIN_DV = 256" in r for r in p.reasons)
+        assert not plan_v3(build_ir(spec), "sm_90", late_pv_wait=False).late_pv_wait
+    # two softmax copies (no mask; ALiBi at d = 256) or a fixed offset (softcap): nothing to move, off by default
+    for spec in (presets.plain(256), presets.alibi(presets.alibi_slopes(8), 256), presets.softcap(30.0, 256),
+                 presets.softcap(30.0, 256, mask_mod=presets.causal_mask)):
+        p = plan_v3(build_ir(spec), "sm_90")
+        assert not p.late_pv_wait, spec
+    # ALiBi (a separable score_mod, one softmax copy below d = 256): on from d = 128, measured flat at d = 64
+    p = plan_v3(build_ir(presets.alibi(presets.alibi_slopes(16), 128)), "sm_90")
+    assert p.late_pv_wait
+    assert any("late_pv_wait: DV = 128 >= LATE_PV_WAIT_MIN_DV_SEPARABLE = 128" in r for r in p.reasons)
+    assert not plan_v3(build_ir(presets.alibi(presets.alibi_slopes(32), 64)), "sm_90").late_pv_wait
+    p = plan_v3(build_ir(presets.plain(256)), "sm_90", late_pv_wait=True)
+    assert any("without effect here" in r for r in p.reasons)
     with pytest.raises(PlanError, match="expected late_pv_wait a bool, got 'yes'"):
         plan_v3(causal, "sm_90", late_pv_wait="yes")
     assert "static constexpr bool LATE_PV_WAIT = true;" in _render(presets.causal(128), late_pv_wait=True).source
     assert "static constexpr bool LATE_PV_WAIT = false;" in _render(presets.causal(128)).source
+    assert "static constexpr bool LATE_PV_WAIT = true;" in _render(presets.causal(256)).source
 
 
 @pytest.mark.nvcc

@@ -112,15 +112,20 @@ BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
               "q_prescale", "late_pv_wait")
-#: ``late_pv_wait``: in a masked kernel (one softmax copy, the branch around the mask pass only) ptxas hoists the
-#: main loop's wait for the previous block's P V from below the softmax to the mask pass's merge point, above the
-#: row maxima and exponentials, so the softmax never runs under that GEMM (SASS, nvcc 13.0: sliding window, causal
-#: d64 / d128, a mask that hides nothing at d256). The option takes the lazy rescale's vote right after the softmax,
-#: over the warpgroup (a named-barrier OR: wgmma.wait_group is .aligned, so every thread of the warpgroup must take
-#: the same arm), and waits in both arms of that branch, which keeps the wait below the exponentials (fixed-offset
-#: kernels, which never rescale, are unchanged). A mask that hides nothing costs the forward 5 % (d128 636 vs 671, d256 722 vs 761,
-#: H200); off until it is measured on a GPU.
-LATE_PV_WAIT_DEFAULT = False
+#: ``late_pv_wait``: in a kernel with one softmax copy (a mask, or ALiBi below d = 256: the branch around the mask
+#: pass only) ptxas hoists the main loop's wait for the previous block's P V from below the softmax to the mask
+#: pass's merge point, above the row maxima and exponentials, so the softmax never runs under that GEMM (SASS, nvcc
+#: 13.0). The option branches right after the softmax on the block's class (uniform over the warpgroup, as
+#: wgmma.wait_group's .aligned asks) and waits in both arms, which keeps the wait below the exponentials (fixed-offset
+#: kernels, which never rescale, and two-copy kernels are unchanged). Measured on an H200 (2026-11-28, N = 16k, bf16,
+#: `v3_sweep.py`, TFLOP/s, default -> option, two calls): d256 causal 681 -> 708 and 723 -> 722, a mask that hides
+#: nothing 697 -> 747 and 736 -> 758; ALiBi d128 1702 -> 1728 and 1731 -> 1798; ALiBi d64 1376 -> 1375; d128 causal
+#: 601 -> 598, sliding window 438 -> 430, document 1506 -> 1499, d64 causal 443 -> 446 (flat to -2 %). An earlier
+#: form that voted over the warpgroup with a named barrier lost 1-3 % at d64 / d128. So it is on by default from
+#: LATE_PV_WAIT_MIN_DV on, and for a separable score_mod without a mask (ALiBi) from LATE_PV_WAIT_MIN_DV_SEPARABLE.
+LATE_PV_WAIT_DEFAULT = True
+LATE_PV_WAIT_MIN_DV = 256
+LATE_PV_WAIT_MIN_DV_SEPARABLE = 128
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -405,11 +410,22 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     reasons.append(why_qpre)
     if late_pv_wait is not None and not isinstance(late_pv_wait, bool):
         raise PlanError(f"v3: expected late_pv_wait a bool, got {late_pv_wait!r}")
-    late = LATE_PV_WAIT_DEFAULT if late_pv_wait is None else late_pv_wait
-    if late:
-        reasons.append("the previous block's P V waited for below the softmax (late_pv_wait: the warpgroup's lazy-rescale "
-                       "vote branches right after the softmax; kernels with one softmax copy, masks and ALiBi below d = 256, and "
-                       "no fixed offset)")
+    # one softmax copy (templates: V3Consumer::kTwoSoftmaxCopies) and a moving row offset: where the option acts
+    one_copy = (getattr(ir_or_dims, "mask_expr", None) is not None or (sep_any and dv < 256)) and not static
+    min_name, min_dv = (("LATE_PV_WAIT_MIN_DV_SEPARABLE", LATE_PV_WAIT_MIN_DV_SEPARABLE) if separable
+                        else ("LATE_PV_WAIT_MIN_DV", LATE_PV_WAIT_MIN_DV))
+    late = (LATE_PV_WAIT_DEFAULT and one_copy and dv >= min_dv) if late_pv_wait is None else late_pv_wait
+    if late and one_copy:
+        reasons.append(f"the previous block's P V waited for below the softmax (late_pv_wait"
+                       f"{' forced' if late_pv_wait else f': DV = {dv} >= {min_name} = {min_dv}'}; "
+                       f"a branch on the block's class right after the softmax)")
+    elif late:
+        reasons.append("late_pv_wait forced, without effect here (two softmax copies or a fixed offset: the wait "
+                       "already stays below the softmax)")
+    elif one_copy:
+        reasons.append(f"the previous block's P V waited for where ptxas puts it (late_pv_wait off: DV = {dv} < "
+                       f"{min_name} = {min_dv}, where it measured flat or slower)"
+                       if late_pv_wait is None else "late_pv_wait off (forced)")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
                        f"widths for this head dim)")

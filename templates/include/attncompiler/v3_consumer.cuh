@@ -347,14 +347,6 @@ struct V3Consumer {
     if constexpr (kStatic) return false;
     return __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
   }
-  // The same decision for the whole warpgroup (a named barrier of its 128 threads, `bar`): uniform over the
-  // warpgroup, so that a branch on it may hold wgmma.wait_group (.aligned: every thread of the warpgroup must run
-  // the same one). The vote after the barrier changes no value; it tells ptxas that the branch is warp-uniform
-  // (on the barrier's result alone ptxas takes the branch as divergent and serializes every wgmma: C7520).
-  __device__ __forceinline__ bool needs_rescale_wg(const float (&alpha)[2], int bar) const {
-    if constexpr (kStatic) return false;
-    return __any_sync(0xffffffffu, named_bar_or(bar, 128, alpha[0] != 1.f || alpha[1] != 1.f));
-  }
   __device__ __forceinline__ void scale_o(const float (&alpha)[2]) {
 #pragma unroll
     for (int nt = 0; nt < NO / 4; ++nt) {

@@ -391,7 +391,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const float exp_scale = !Variant::kHasScoreMod ? p.scale * AC_LOG2E
                           : (Variant::kScoreSeparable ? 1.f : Variant::kScoreLog2Factor);
   constexpr bool kPingPong = (NC >= 2);
-  // LATE_PV_WAIT: where it matters, a kernel with one softmax copy (masks; ALiBi below d = 256) that may rescale
+  // LATE_PV_WAIT: where it applies, a kernel with one softmax copy (masks; ALiBi below d = 256) that may rescale
   constexpr bool kLatePvWait = Cfg::LATE_PV_WAIT && !V3Consumer<Cfg>::kTwoSoftmaxCopies && !V3Consumer<Cfg>::kStatic;
   // Ping-pong (round robin over the NC >= 2 consumers): before each of its turns (one GEMM issue)
   // warpgroup w waits on bar[w]; after it, it grants the next one's turn (w + 1 mod NC). Every
@@ -504,14 +504,19 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
         };
         if constexpr (kLatePvWait) {
-          // the branch keeps ptxas from hoisting the wait above the softmax (plan/v3.py LATE_PV_WAIT_DEFAULT); its
-          // condition is the warpgroup's (the epilogue's barrier of this warpgroup, free here), so that every
-          // thread of the warpgroup runs the same wait
-          if (st.needs_rescale_wg(alpha, kEpilogueBar + wg)) {
+          // A branch right after the softmax keeps ptxas from hoisting the wait above it (plan/v3.py
+          // LATE_PV_WAIT_DEFAULT). Its condition is this block's class for the warpgroup's rows, uniform over the
+          // warpgroup (wgmma.wait_group is .aligned: every thread of the warpgroup must run the same one) and free;
+          // the warp vote on it changes no value but tells ptxas the branch is warp-uniform (else it serializes
+          // every wgmma, C7520). The arms differ only in a marker, which keeps them from being merged.
+          if (__any_sync(0xffffffffu, masked)) {
+            asm volatile("// late_pv_wait: a masked block" ::: "memory");
             pv_done();
-            st.scale_o(alpha);
+            st.rescale_o(alpha);
           } else {
+            asm volatile("// late_pv_wait: a full block" ::: "memory");
             pv_done();
+            st.rescale_o(alpha);
           }
         } else {
           pv_done();

@@ -116,20 +116,5 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-// A named barrier that also returns the OR of `pred` over its `count` threads (every one of them must call it).
-__device__ __forceinline__ bool named_bar_or(int id, int count, bool pred) {
-  unsigned int r;
-  asm volatile(
-      "{\n"
-      "  .reg .pred p, q;\n"
-      "  setp.ne.u32 p, %1, 0;\n"
-      "  bar.red.or.pred q, %2, %3, p;\n"
-      "  selp.u32 %0, 1, 0, q;\n"
-      "}\n"
-      : "=r"(r)
-      : "r"(static_cast<unsigned int>(pred)), "r"(id), "r"(count)
-      : "memory");
-  return r != 0u;
-}
 
 }  // namespace ac
