@@ -426,15 +426,17 @@ def test_nvcc_one_consumer_two_ctas(head_dim):
 
 def test_plan_late_pv_wait():
     """late_pv_wait is on by default in kernels with one softmax copy (a mask; ALiBi below d = 256) and no fixed
-    offset from DV = 256 (ALiBi: 128), off below; forcing it reaches the kernel as a constexpr, every plan says why, and a
+    offset from DV = 192 (ALiBi: 128), off below; forcing it reaches the kernel as a constexpr, every plan says why, and a
     non-bool is refused with what was expected."""
     from attncompiler.plan.v3 import LATE_PV_WAIT_MIN_DV
 
-    assert LATE_PV_WAIT_MIN_DV == 256
+    assert LATE_PV_WAIT_MIN_DV == 192
     causal = build_ir(presets.causal(128))
     p = plan_v3(causal, "sm_90")
     assert not p.late_pv_wait
-    assert any("late_pv_wait off: DV = 128 < LATE_PV_WAIT_MIN_DV = 256" in r for r in p.reasons)
+    assert any("late_pv_wait off: DV = 128 < LATE_PV_WAIT_MIN_DV = 192" in r for r in p.reasons)
+    assert not plan_v3(build_ir(presets.causal(160)), "sm_90").late_pv_wait
+    assert plan_v3(build_ir(presets.causal(192)), "sm_90").late_pv_wait
     p = plan_v3(causal, "sm_90", late_pv_wait=True)
     assert p.late_pv_wait and p.options["late_pv_wait"] is True
     assert any("below the softmax (late_pv_wait forced" in r for r in p.reasons)
@@ -442,7 +444,7 @@ def test_plan_late_pv_wait():
                  presets.plain(256, mask_mod=lambda b, h, q, kv: kv <= q + 2**30)):
         p = plan_v3(build_ir(spec), "sm_90")
         assert p.late_pv_wait, spec
-        assert any("late_pv_wait: DV = 256 >= LATE_PV_WAIT_MIN_DV = 256" in r for r in p.reasons)
+        assert any("late_pv_wait: DV = 256 >= LATE_PV_WAIT_MIN_DV = 192" in r for r in p.reasons)
         assert not plan_v3(build_ir(spec), "sm_90", late_pv_wait=False).late_pv_wait
     # two softmax copies (no mask; ALiBi at d = 256) or a fixed offset (softcap): nothing to move, off by default
     for spec in (presets.plain(256), presets.alibi(presets.alibi_slopes(8), 256), presets.softcap(30.0, 256),

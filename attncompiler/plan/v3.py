@@ -120,11 +120,13 @@ V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_p
 #: kernels, which never rescale, and two-copy kernels are unchanged). Measured on an H200 (2026-11-28, N = 16k, bf16,
 #: `v3_sweep.py`, TFLOP/s, default -> option, two calls): d256 causal 681 -> 708 and 723 -> 722, a mask that hides
 #: nothing 697 -> 747 and 736 -> 758; ALiBi d128 1702 -> 1728 and 1731 -> 1798; ALiBi d64 1376 -> 1375; d128 causal
-#: 601 -> 598, sliding window 438 -> 430, document 1506 -> 1499, d64 causal 443 -> 446 (flat to -2 %). An earlier
-#: form that voted over the warpgroup with a named barrier lost 1-3 % at d64 / d128. So it is on by default from
-#: LATE_PV_WAIT_MIN_DV on, and for a separable score_mod without a mask (ALiBi) from LATE_PV_WAIT_MIN_DV_SEPARABLE.
+#: 601 -> 598, sliding window 438 -> 430, document 1506 -> 1499, d64 causal 443 -> 446 (flat to -2 %). A third
+#: call: d192 causal 692 -> 700, fullmask 720 -> 749; d160 causal 595 -> 592, d96 505 -> 503; d256 window 505 -> 512,
+#: document and ALiBi-causal d256 flat; ALiBi-causal d128 1183 -> 1180. An earlier form that voted over the
+#: warpgroup with a named barrier lost 1-3 % at d64 / d128. So it is on by default from LATE_PV_WAIT_MIN_DV on, and
+#: for a separable score_mod without a mask (ALiBi) from LATE_PV_WAIT_MIN_DV_SEPARABLE.
 LATE_PV_WAIT_DEFAULT = True
-LATE_PV_WAIT_MIN_DV = 256
+LATE_PV_WAIT_MIN_DV = 192
 LATE_PV_WAIT_MIN_DV_SEPARABLE = 128
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
