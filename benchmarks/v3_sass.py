@@ -4,11 +4,13 @@ installed, else NVRTC).
 
     PYTHONPATH=. python3 benchmarks/v3_sass.py            # HGMMA / spill table
     PYTHONPATH=. python3 benchmarks/v3_sass.py --model    # + the softmax issue model per stretch
-    PYTHONPATH=. python3 benchmarks/v3_sass.py --option late_pv_wait=true   # plan options for every kernel
+    PYTHONPATH=. python3 benchmarks/v3_sass.py --option late_pv_wait=false  # plan options for every kernel
+    PYTHONPATH=. python3 benchmarks/v3_sass.py --define NAME   # '#define NAME 1' in front (A/B of source variants)
 
 ``P V overlap`` says, for each wait on the S GEMM (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: the main loop), whether the
 softmax's exponentials that follow run before the wait on the previous block's P V (``gsb0, 0x0``), i.e. under
-that GEMM ("yes"), or after it ("no": ptxas hoisted the wait; twenty-fourth session, plan option late_pv_wait).
+that GEMM ("yes"), or after it ("no": ptxas hoisted the wait; plan option late_pv_wait, on by default where it
+measured faster: perf-notes, twenty-fourth and twenty-fifth sessions).
 
 ``--model`` splits the machine code into the stretches between HGMMA groups and branches (one copy of a
 softmax each) and estimates each stretch's time for one warp issuing in order, on one SM sub-partition:
