@@ -16,7 +16,8 @@
 //     wait K_i;  [turn]  issue S_i = Q K_i^T;  wait V_{i-1};  issue O += P_{i-1} V_{i-1};  [grant]
 //     wgmma.wait 1 (S_i done) -> score_mod, mask, online softmax of S_i in fp32 (exp2, scale folded)
 //     wgmma.wait 0 (PV done)  -> release stage s_{i-1}; O *= alpha_i; P_i = bf16(exp(S_i - m_i))
-// so the softmax of block i overlaps the P V GEMM of block i-1 inside a warpgroup, and with two or
+// so the softmax of block i overlaps the P V GEMM of block i-1 inside a warpgroup (in a kernel with one
+// softmax copy ptxas hoists the wait 0 above the softmax unless LATE_PV_WAIT branches right after it), and with two or
 // three consumers the [turn]/[grant] named barriers (ping-pong, round robin) make the warpgroups
 // issue their GEMMs in turn: one warpgroup's softmax runs while another's GEMMs occupy the tensor cores.
 // Visited blocks: those meeting Variant::kv_range of the CTA's rows, minus the ones tile_class
