@@ -467,7 +467,7 @@ def test_plan_late_pv_wait():
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 def test_nvcc_late_pv_wait(head_dim):
     """With late_pv_wait every preset and example compiles for sm_90a (nvcc and NVRTC) without spills or serialized
     wgmmas, as by default."""
