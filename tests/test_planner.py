@@ -398,7 +398,15 @@ def test_io_report_v2_hand_computed() -> None:
     assert kv == 2 * (384 + 512) * 128 * 2
     text = format_io_report(r)
     assert "655360 B" in text and "2490368 B" in text and "standard attention" in text
-    assert "FLOP / byte" in text and "roofline" in text
+    assert "FLOP / byte" in text and "roofline" in text and "causal=False" in text
+    assert "causal=True" in format_io_report(rc)
+    # a mask expression (the CLI passes the IR's) counts its non-empty tiles, and the header says so
+    from attncompiler.ir import build_ir
+    from attncompiler.spec import presets
+    rm = io_report(p, 1, 2, 256, 512, mask=build_ir(presets.sliding_window(128, 64)).mask_expr)
+    assert rm.masked and not r.masked and not rc.masked and rm.flops < r.flops
+    tm = format_io_report(rm)
+    assert "mask: the tiles its classifier leaves non-empty" in tm and "causal=" not in tm
 
 
 def test_io_report_v1_hand_computed() -> None:

@@ -163,6 +163,7 @@ class IOReport:
     notes: tuple[str, ...] = ()
     standard_time_s: float | None = None
     schedule_time_s: float | None = None
+    masked: bool = False  # a mask expression (not ``causal``) chose the counted tiles
 
     @property
     def standard_bytes(self) -> int:
@@ -337,7 +338,7 @@ def io_report(plan: Plan, B: int, H: int, Nq: int, Nk: int, causal: bool = False
         schedule=plan.schedule, target=plan.target, B=B, H=H, Nq=Nq, Nk=Nk, head_dim=d, head_dim_v=dv,
         dtype=plan.dtype, causal=causal, flops=flops, standard_terms=standard, schedule_terms=sched,
         standard_order="Theta(N d + N^2)", schedule_order=order, notes=tuple(notes),
-        standard_time_s=t_std, schedule_time_s=t_sched,
+        standard_time_s=t_std, schedule_time_s=t_sched, masked=mask is not None and not causal,
     )
 
 
@@ -366,7 +367,8 @@ def format_io_report(report: IOReport) -> str:
     w1 = max(max(len(b) for _, b, _ in rows), len("standard attention")) + 2
     lines = [
         f"HBM IO: {name} plan on {r.target}; B={r.B} H={r.H} Nq={r.Nq} Nk={r.Nk} D={r.head_dim} "
-        f"DV={r.head_dim_v} {r.dtype}, causal={r.causal}",
+        f"DV={r.head_dim_v} {r.dtype}, " + ("mask: the tiles its classifier leaves non-empty" if r.masked
+                                             else f"causal={r.causal}"),
         f"{'':<{w0}}{'standard attention':<{w1}}{name}",
         *(f"{a:<{w0}}{b:<{w1}}{c}" for a, b, c in rows),
         f"{name} moves {r.schedule_bytes / r.standard_bytes:.4g}x the bytes of standard attention",
