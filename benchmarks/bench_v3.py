@@ -35,8 +35,8 @@ def _spec(name: str, d: int, H: int, N: int):
         return presets.alibi(presets.alibi_slopes(H), d, causal=True)
     if name == "softcap":
         return presets.softcap(30.0, d)
-    if name == "sliding_window":
-        return presets.sliding_window(1024, d)
+    if name.startswith("sliding_window"):  # sliding_window (1024) or sliding_windowW: 0 <= q - kv <= W
+        return presets.sliding_window(int(name[len("sliding_window"):] or 1024), d)
     if name == "fullmask":  # a mask that hides nothing: its code compiled in, every tile FULL (plain's work)
         return presets.plain(d, mask_mod=lambda b, h, q, kv: kv <= q + 2**30, name="fullmask")
     return presets.get_preset(name, head_dim=d, num_heads=H, seqlen=N)

@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 benchmarks/v3_sweep.py "128:plain,128:softcap:exp2_poly=4,64:causal:block_n=176:stages=2" [ROUNDS]
 
 Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
-alibi_causal, softcap, sliding_window, fullmask, or a preset name), the options are plan_v3's (block_n, stages,
+alibi_causal, softcap, sliding_window
+(window 1024) or sliding_windowW (window W), fullmask, or a preset name), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
 option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` compiles the kernel with
 ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
@@ -25,8 +26,9 @@ from bench_v3 import _spec
 def _visible_pairs(var: str, N: int) -> float:
     if var in ("causal", "alibi_causal"):
         return N * (N + 1) / 2
-    if var == "sliding_window":  # q - 1024 <= kv <= q (presets.sliding_window(1024))
-        return sum(min(i + 1, 1025) for i in range(N))
+    if var.startswith("sliding_window"):  # q - W <= kv <= q (presets.sliding_window(W)), W = 1024 unless named
+        w = int(var[len("sliding_window"):] or 1024)
+        return sum(min(i + 1, w + 1) for i in range(N))
     return float(N) * N
 
 

@@ -15,7 +15,8 @@ Facts of the v3 kernel (``templates/v3_fwd.cu.j2``, ``include/attncompiler/v3_fw
 
 Choice: the widest BLOCK_N <= the per-head-dim preference (:data:`PREFERRED_BLOCK_N`) whose
 registers fit, with the most K/V stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`) whose shared memory
-fits (a forced ``stages`` may go down to 1).  Every rejected
+fits (a forced ``stages`` may go down to 1).  A mask whose query blocks see a narrow band of keys may take a
+narrower preference, where fewer keys are visited (:mod:`attncompiler.plan.band`).  Every rejected
 BLOCK_N is listed in the reasons with the number that ruled it out.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import sympy
 
 from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
+from .band import band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
@@ -319,6 +321,11 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     # BN=192 spills)
     narrow = getattr(ir_or_dims, "dropout_p", 0.0) > 0.0 or poly > 0 or _mask_reads_buffers(ir_or_dims)
     pref = _preferred(d, dv, narrow, separable, static)
+    band = band_block_n(ir_or_dims, bm, pref) if block_n is None else None
+    pref_why = _why_preferred(d, dv, narrow, separable, static)
+    if band is not None:
+        pref_why = f" for max(D, DV) = {max(d, dv)}{pref_why} was {pref}; {band[1]}"
+        pref = band[0]
     limit = v3_smem_limit(t, ctas)
     per_block = "per block" if ctas == 1 else f"per block ({ctas} CTAs per SM)"
     rejected: list[str] = []
@@ -368,8 +375,10 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
         f"producer warpgroup "
         f"-> {nw} warps ({32 * nw} threads)",
         (f"BLOCK_N = {bn} forced by the caller" if block_n is not None else
+         f"BLOCK_N = {bn}: the widest multiple of 16 <= {pref} that fits (the preferred width{pref_why})"
+         if band is not None else
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
-          f"{_why_preferred(d, dv, narrow, separable, static)} that fits"),
+          f"{pref_why} that fits"),
         reg_line,
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
