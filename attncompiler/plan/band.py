@@ -88,5 +88,5 @@ def band_block_n(ir_or_dims: Any, block_m: int, preferred: int) -> tuple[int, st
         return None
     bn = max(b for b, c in counts.items() if c == fewest)
     return bn, (f"the mask's K/V range is a band: at N = {BAND_REP_LEN} and BLOCK_M = {block_m}, BLOCK_N = {bn} visits "
-                f"{fewest} keys per head against {base} at the preferred {preferred} ({1 - fewest / base:.1%} fewer "
+                f"{fewest} K/V rows per head (summed over its query blocks) against {base} at the preferred {preferred} ({1 - fewest / base:.1%} fewer "
                 f">= BAND_MIN_SAVING {BAND_MIN_SAVING:.0%}: plan/band.py)")
