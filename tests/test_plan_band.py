@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attncompiler.ir.build import build_ir
-from attncompiler.plan.band import BAND_MIN_SAVING, band_block_n, visited_keys
+from attncompiler.plan.band import BAND_MIN_SAVING, BAND_MIN_SAVING_BM64, band_block_m_64, band_block_n, visited_keys
 from attncompiler.plan.v3 import PREFERRED_BLOCK_N, plan_v3
 from attncompiler.spec import presets
 
@@ -82,3 +82,36 @@ def test_planner_keeps_the_preferred_width(spec, bn: int) -> None:
 
 def test_forced_block_n_is_kept() -> None:
     assert _plan(presets.sliding_window(1024, 64), block_n=192).block_n == 192
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_planner_takes_one_consumer_for_a_narrow_band(d: int) -> None:
+    p = _plan(presets.sliding_window(256, d))
+    assert (p.block_m, p.block_n, p.num_warps, p.ctas_per_sm) == (64, 64, 8, 2)
+    line = next(r for r in p.reasons if r.startswith("BLOCK_M"))
+    assert "band" in line and f"{BAND_MIN_SAVING_BM64:.0%}" in line and "(forced)" not in line
+    # the same plan when asked for by its options
+    assert plan_v3(build_ir(presets.sliding_window(256, d)), "sm_90", **p.options).options == p.options
+
+
+@pytest.mark.parametrize("spec", [
+    lambda: presets.sliding_window(1024, 64),   # BM 64 saves 5.6 % of the area: under the threshold
+    lambda: presets.sliding_window(1024, 128),
+    lambda: presets.sliding_window(256, 256),   # one consumer cannot hold d = 256 under two CTAs per SM
+    lambda: presets.causal(128),
+])
+def test_planner_keeps_two_consumers(spec) -> None:
+    assert _plan(spec()).block_m == 128
+
+
+def test_forced_block_m_is_kept_for_a_narrow_band() -> None:
+    assert _plan(presets.sliding_window(256, 64), block_m=128).block_m == 128
+    assert _plan(presets.sliding_window(256, 64), num_warps=12).block_m == 128
+
+
+def test_block_m_64_saving() -> None:
+    m = sliding(256).expr
+    assert band_block_m_64(m, 128, 128, 64) is not None   # 2 x 64 x 320 vs 128 x 384 keys per query block
+    assert band_block_m_64(sliding(1024).expr, 128, 128, 64) is None
+    assert band_block_m_64(causal().expr, 128, 128, 64) is None
+    assert band_block_m_64(None, 128, 128, 64) is None

@@ -25,6 +25,16 @@ So a saving of 4 % does not pay for the narrower tile and one of 10 % does: the 
 With the rule in place (same GPU and date, same method, rule's width vs the preferred one): window 1024 d = 64
 299 vs 278 (BN 128 vs 192), d = 192 stays at BN 112 (466; BN 64 448); window 256 d = 64 147 vs 121 (BN 128 vs 192),
 d = 192 252 vs 237 (BN 64 vs 112), d = 256 268 vs 259 (BN 64 vs 80).
+
+The query tile's height counts the same way: a band of W keys costs a BLOCK_M-row tile about BLOCK_M x (BLOCK_M + W)
+scores, so BLOCK_M 64 (one consumer warpgroup, two CTAs per SM; plan option ``block_m=64``) computes less of the score
+matrix than the two-consumer 128-row tile, 16.7 % less for W = 256 and 5.6 % for W = 1024. It gives up the in-CTA
+ping-pong, which costs 10-15 % on long loops, but on short ones the second CTA runs under one CTA's start and drain.
+:func:`band_block_m_64` takes it where the area shrinks by at least :data:`BAND_MIN_SAVING_BM64`. Same GPU and date,
+3 rounds, TFLOP/s, BM 128 (the rule's BN) vs BM 64 (BN 64): window 256 d = 64 145.9 vs **162.6**, d = 128 227.4 vs
+**247.5**; window 1024 d = 64 **298.6** vs 270.1, d = 128 **443.7** vs 379.3. The 12 % threshold lies between the two
+windows' savings; a window of 512 (10 %) was not measured and keeps BLOCK_M 128. d >= 192 cannot take BLOCK_M 64 (O
+and S exceed the 128 registers a thread gets under two CTAs per SM), so the planner keeps 128 there.
 """
 from __future__ import annotations
 
@@ -33,12 +43,16 @@ from typing import Any
 
 import sympy
 
-__all__ = ["BAND_REP_LEN", "BAND_MIN_SAVING", "BAND_MIN_BLOCK_N", "visited_keys", "band_block_n"]
+__all__ = ["BAND_REP_LEN", "BAND_MIN_SAVING", "BAND_MIN_BLOCK_N", "BAND_MIN_SAVING_BM64", "visited_keys",
+           "band_block_n", "band_block_m_64"]
 
 BAND_REP_LEN = 16384     # the sequence length (queries and keys) the counts are taken over
 BAND_MIN_SAVING = 0.08   # a narrower BLOCK_N must save this fraction of the preferred width's visited keys
 BAND_MIN_BLOCK_N = 64    # narrowest width considered (BN 64 runs 12-14 % slower per key than 128 at d = 128)
 _STEP = 16               # BLOCK_N is a multiple of 16 (k16 steps of P V)
+# BLOCK_M 64 (one consumer warpgroup, two CTAs per SM) must compute this fraction less of the score matrix than the
+# two-consumer tile: it trades the in-CTA ping-pong for a second CTA that runs under a CTA's start and drain.
+BAND_MIN_SAVING_BM64 = 0.12
 
 
 @functools.lru_cache(maxsize=256)
@@ -90,3 +104,20 @@ def band_block_n(ir_or_dims: Any, block_m: int, preferred: int) -> tuple[int, st
     return bn, (f"the mask's K/V range is a band: at N = {BAND_REP_LEN} and BLOCK_M = {block_m}, BLOCK_N = {bn} visits "
                 f"{fewest} K/V rows per head (summed over its query blocks) against {base} at the preferred {preferred} ({1 - fewest / base:.1%} fewer "
                 f">= BAND_MIN_SAVING {BAND_MIN_SAVING:.0%}: plan/band.py)")
+
+
+def band_block_m_64(mask: sympy.Basic | None, block_m: int, block_n: int, block_n_64: int) -> str | None:
+    """The reason to take BLOCK_M = 64 at ``block_n_64`` over ``block_m`` x ``block_n`` under ``mask``: the score
+    matrix area the forward computes (query rows x visited keys, :func:`visited_keys`) shrinks by at least
+    :data:`BAND_MIN_SAVING_BM64`; else None."""
+    if not isinstance(mask, sympy.Basic):
+        return None
+    wide, narrow = visited_keys(mask, block_m, block_n), visited_keys(mask, 64, block_n_64)
+    if not wide or not narrow:
+        return None
+    area, area_64 = block_m * wide, 64 * narrow
+    if area_64 > area * (1.0 - BAND_MIN_SAVING_BM64):
+        return None
+    return (f"the mask's K/V range is a band: at N = {BAND_REP_LEN} the forward computes {area_64} scores per head "
+            f"with BLOCK_M 64 x BLOCK_N {block_n_64} against {area} with {block_m} x {block_n} ({1 - area_64 / area:.1%} "
+            f"fewer >= BAND_MIN_SAVING_BM64 {BAND_MIN_SAVING_BM64:.0%}: plan/band.py)")

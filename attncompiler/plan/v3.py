@@ -21,13 +21,14 @@ BLOCK_N is listed in the reasons with the number that ruled it out.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
 from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
-from .band import band_block_n
+from .band import BAND_MIN_SAVING_BM64, band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
@@ -268,7 +269,37 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             persistent: bool | None = None, exp2_poly: int | None = None,
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None) -> V3Plan:
-    """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``."""
+    """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
+
+    Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
+    BLOCK_M = 64 (one consumer warpgroup, two CTAs per SM) where that computes :data:`BAND_MIN_SAVING_BM64` less
+    of the score matrix than the two-consumer tile (:func:`attncompiler.plan.band.band_block_m_64`)."""
+    kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
+                              kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
+                              late_pv_wait=late_pv_wait)
+    base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
+    mask = getattr(ir_or_dims, "mask_expr", None)
+    if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
+        return base
+    try:
+        narrow = _plan_v3(ir_or_dims, target, block_m=WGMMA_M, **kw)
+    except PlanError:
+        return base  # one consumer warpgroup does not fit this head dim (registers under two CTAs per SM)
+    why = band_block_m_64(mask, base.block_m, base.block_n, narrow.block_n)
+    if why is None:
+        return base
+    reasons = tuple(f"BLOCK_M = {WGMMA_M} rows (wgmma M) x 1 consumer warpgroup = {WGMMA_M}: {why}; one producer "
+                    f"warpgroup -> {narrow.num_warps} warps ({narrow.num_threads} threads)" if r.startswith("BLOCK_M =")
+                    else r for r in narrow.reasons)
+    return dataclasses.replace(narrow, reasons=reasons)
+
+
+def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
+             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
+             persistent: bool | None = None, exp2_poly: int | None = None,
+             kv_descending: bool | None = None, score_skip: bool | None = None,
+             q_prescale: bool | None = None, late_pv_wait: bool | None = None) -> V3Plan:
+    """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
     if (t.major, t.minor) != (9, 0):
@@ -388,8 +419,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                             f"block i's slot, so deeper rings hide more of the load latency)"),
         ("1 CTA per SM (the tiles use most of shared memory; the warpgroups hide latency instead)" if ctas == 1 else
          f"{ctas} CTAs per SM (one consumer warpgroup each: a CTA's start and drain run under the other's loop; "
-         f"measured slower than the two-consumer ping-pong on an H200 except plain d = 64 at N = 1024: "
-         f"docs/perf-notes.md, fifteenth session)"),
+         f"measured slower than the two-consumer ping-pong on an H200 except plain d = 64 at N = 1024 and narrow band "
+         f"masks: docs/perf-notes.md, fifteenth and twenty-sixth sessions)"),
         (f"persistent grid: min(tiles, {ctas} x SMs) CTAs loop over the tiles, "
          + ("the query blocks of one batch*head together (their K/V shared in L2)"
             if getattr(ir_or_dims, "mask_expr", None) is None else "every head's heaviest query blocks first")
@@ -438,8 +469,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                        f"{min_name} = {min_dv}, where it measured flat or slower)"
                        if late_pv_wait is None else "late_pv_wait off (forced)")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
-        reasons.append(f"not considered: BLOCK_N > {pref} (S and P registers beside O; FlashAttention-3's tile "
-                       f"widths for this head dim)")
+        reasons.append(f"not considered: BLOCK_N > {pref} " + ("(the band mask's width, above)" if band is not None else
+                       "(S and P registers beside O; FlashAttention-3's tile widths for this head dim)"))
     reasons += [f"rejected {r}" for r in rejected]
     return V3Plan(
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
