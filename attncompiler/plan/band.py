@@ -102,8 +102,8 @@ def band_block_n(ir_or_dims: Any, block_m: int, preferred: int) -> tuple[int, st
         return None
     bn = max(b for b, c in counts.items() if c == fewest)
     return bn, (f"the mask's K/V range is a band: at N = {BAND_REP_LEN} and BLOCK_M = {block_m}, BLOCK_N = {bn} visits "
-                f"{fewest} K/V rows per head (summed over its query blocks) against {base} at the preferred {preferred} ({1 - fewest / base:.1%} fewer "
-                f">= BAND_MIN_SAVING {BAND_MIN_SAVING:.0%}: plan/band.py)")
+                f"{fewest} K/V rows per head (summed over its query blocks) against {base} at the preferred "
+                f"{preferred} ({1 - fewest / base:.1%} fewer >= BAND_MIN_SAVING {BAND_MIN_SAVING:.0%}: plan/band.py)")
 
 
 def band_block_m_64(mask: sympy.Basic | None, block_m: int, block_n: int, block_n_64: int) -> str | None:
@@ -119,5 +119,5 @@ def band_block_m_64(mask: sympy.Basic | None, block_m: int, block_n: int, block_
     if area_64 > area * (1.0 - BAND_MIN_SAVING_BM64):
         return None
     return (f"the mask's K/V range is a band: at N = {BAND_REP_LEN} the forward computes {area_64} scores per head "
-            f"with BLOCK_M 64 x BLOCK_N {block_n_64} against {area} with {block_m} x {block_n} ({1 - area_64 / area:.1%} "
-            f"fewer >= BAND_MIN_SAVING_BM64 {BAND_MIN_SAVING_BM64:.0%}: plan/band.py)")
+            f"with BLOCK_M 64 x BLOCK_N {block_n_64} against {area} with {block_m} x {block_n} "
+            f"({1 - area_64 / area:.1%} fewer >= BAND_MIN_SAVING_BM64 {BAND_MIN_SAVING_BM64:.0%}: plan/band.py)")

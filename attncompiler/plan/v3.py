@@ -28,7 +28,7 @@ from typing import Any
 import sympy
 
 from .model import Plan, PlanError, resolve_dims, resolve_target, elem_bytes
-from .band import BAND_MIN_SAVING_BM64, band_block_m_64, band_block_n
+from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
@@ -272,7 +272,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
-    BLOCK_M = 64 (one consumer warpgroup, two CTAs per SM) where that computes :data:`BAND_MIN_SAVING_BM64` less
+    BLOCK_M = 64 (one consumer warpgroup, two CTAs per SM) where that computes ``BAND_MIN_SAVING_BM64`` less
     of the score matrix than the two-consumer tile (:func:`attncompiler.plan.band.band_block_m_64`)."""
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
@@ -282,16 +282,16 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
         return base
     try:
-        narrow = _plan_v3(ir_or_dims, target, block_m=WGMMA_M, **kw)
+        plan_64 = _plan_v3(ir_or_dims, target, block_m=WGMMA_M, **kw)
     except PlanError:
         return base  # one consumer warpgroup does not fit this head dim (registers under two CTAs per SM)
-    why = band_block_m_64(mask, base.block_m, base.block_n, narrow.block_n)
+    why = band_block_m_64(mask, base.block_m, base.block_n, plan_64.block_n)
     if why is None:
         return base
     reasons = tuple(f"BLOCK_M = {WGMMA_M} rows (wgmma M) x 1 consumer warpgroup = {WGMMA_M}: {why}; one producer "
-                    f"warpgroup -> {narrow.num_warps} warps ({narrow.num_threads} threads)" if r.startswith("BLOCK_M =")
-                    else r for r in narrow.reasons)
-    return dataclasses.replace(narrow, reasons=reasons)
+                    f"warpgroup -> {plan_64.num_warps} warps ({plan_64.num_threads} threads)"
+                    if r.startswith("BLOCK_M =") else r for r in plan_64.reasons)
+    return dataclasses.replace(plan_64, reasons=reasons)
 
 
 def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,
