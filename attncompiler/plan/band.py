@@ -62,26 +62,35 @@ def _range(mask: sympy.Basic) -> Any:
     return kv_range(mask)
 
 
+@functools.lru_cache(maxsize=256)
+def _block_ranges(mask: sympy.Basic, block_m: int, n: int) -> tuple[tuple[int, int], ...] | None:
+    """The mask's K/V range ``(lo, hi)`` of every query block of ``block_m`` rows over ``n`` queries and keys (empty
+    ranges left out), or None where there is no derivable range. One evaluation per query block, shared by every
+    BLOCK_N the planner compares."""
+    rng = _range(mask)
+    if rng.is_full():
+        return None
+    out = []
+    for q0 in range(0, n, block_m):
+        try:
+            lo, hi = rng.evaluate(q0, min(q0 + block_m, n) - 1, q_len=n, kv_len=n)
+        except ValueError:
+            return None
+        if lo <= hi:
+            out.append((lo, hi))
+    return tuple(out)
+
+
 def visited_keys(mask: sympy.Basic | None, block_m: int, block_n: int, n: int = BAND_REP_LEN) -> int | None:
     """Keys the forward visits over ``n`` queries and ``n`` keys at batch 0, head 0: for each query block, the
     BLOCK_N-aligned blocks that meet the mask's K/V range, times BLOCK_N (the last block clipped at ``n``).
     None when the mask has no derivable range (every block is visited) or the range cannot be evaluated."""
     if mask is None or block_m <= 0 or block_n <= 0 or n <= 0:
         return None
-    rng = _range(mask)
-    if rng.is_full():
+    ranges = _block_ranges(mask, block_m, n)
+    if ranges is None:
         return None
-    total = 0
-    for q0 in range(0, n, block_m):
-        try:
-            lo, hi = rng.evaluate(q0, min(q0 + block_m, n) - 1, q_len=n, kv_len=n)
-        except ValueError:
-            return None
-        if lo > hi:
-            continue
-        first, last = lo // block_n, hi // block_n
-        total += min((last + 1) * block_n, n) - first * block_n
-    return total
+    return sum(min((hi // block_n + 1) * block_n, n) - (lo // block_n) * block_n for lo, hi in ranges)
 
 
 def band_block_n(ir_or_dims: Any, block_m: int, preferred: int) -> tuple[int, str] | None:
