@@ -18,7 +18,9 @@ tile, with the plan's block sizes -- so the tiling math of every schedule is pro
   warpgroup owning 64 of them with its own (m, l, O); the CTA walks the K/V blocks not EMPTY for *all* its
   rows, ascending or (``kv_descending``) from the last block down, and every warpgroup takes every
   visited block: one that is EMPTY for a warpgroup's rows goes through the masked softmax and adds
-  nothing.  The offset is lazy (FlashAttention-4's rescaling): it moves to a block's row maximum only
+  nothing -- except where the kernel walks per warpgroup (a mask, two or three warpgroups, and BLOCK_N <
+  BLOCK_M): there a warpgroup multiplies only the blocks that meet the K/V range of its own rows
+  (:func:`attncompiler.ir.ranges.kv_range`, per (b, h)), and its first such block is its first block.  The offset is lazy (FlashAttention-4's rescaling): it moves to a block's row maximum only
   when that exceeds it by more than :data:`V3_RESCALE_SLACK` (log2 units), so P reaches 2^8; a bounded
   score_mod (softcap) instead fixes the offset at the first visited block's row maximum clamped into
   the window of :func:`attncompiler.codegen.hooks.static_offset_of`.  (The score skip and the rounding
@@ -289,11 +291,29 @@ def _run_v2(pr: _Problem, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]
     return out, lse
 
 
+def _wg_blocks(rng: Any, lo: int, hi: int, B: int, H: int, Nq: int, Nk: int, bn: int) -> torch.Tensor:
+    """The per-warpgroup walk's run: int64 (B, H, 2), the K/V blocks ``[first, past)`` that meet the K/V range of
+    query rows ``[lo, hi]`` (the kernel's kv_block_range of the warpgroup's rows; none where the range is empty)."""
+    out = torch.zeros(B, H, 2, dtype=torch.int64)
+    for b in range(B):
+        for h in range(H):
+            r_lo, r_hi = (0, Nk - 1) if rng.is_full() else rng.evaluate(lo, hi, b, h, q_len=Nq, kv_len=Nk)
+            r_lo, r_hi = max(r_lo, 0), min(r_hi, Nk - 1)
+            if r_lo <= r_hi:
+                out[b, h, 0], out[b, h, 1] = r_lo // bn, r_hi // bn + 1
+    return out
+
+
 def _run_v3(pr: _Problem, bm: int, bn: int, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
     from .codegen.hooks import static_offset_of  # lazy: codegen imports the planner
+    from .ir.ranges import kv_range
 
     B, H, Nq, DV = pr.B, pr.H, pr.Nq, pr.DV
     static = static_offset_of(pr.ir)
+    # v3_fwd.cuh kWgWalk: with a mask, two or three warpgroups and blocks narrower than the tile, each warpgroup
+    # multiplies only its own rows' run of the CTA's walk
+    wg_walk = pr.ir.mask_expr is not None and bm // V3_WG_ROWS >= 2 and bn < bm
+    rng = kv_range(pr.ir.mask_expr) if wg_walk else None
     out = torch.zeros(B, H, Nq, DV, dtype=torch.float64)
     lse = torch.full((B, H, Nq), -math.inf, dtype=torch.float64)
     kv_blocks = _blocks(pr.Nk, bn)
@@ -304,20 +324,28 @@ def _run_v3(pr: _Problem, bm: int, bn: int, descending: bool) -> tuple[torch.Ten
         acc = [torch.zeros(B, H, hi - lo + 1, DV, dtype=torch.float64) for lo, hi in wgs]
         m = [torch.full((B, H, hi - lo + 1), -math.inf, dtype=torch.float64) for lo, hi in wgs]
         l = [torch.zeros(B, H, hi - lo + 1, dtype=torch.float64) for lo, hi in wgs]
-        started = torch.zeros(B, H, dtype=torch.bool)  # (b, h) whose walk has visited a block
+        # (b, h) whose walk has given the warpgroup a block (the CTA's walk, shared, unless wg_walk)
+        started = [torch.zeros(B, H, dtype=torch.bool) for _ in wgs]
+        runs = [_wg_blocks(rng, lo, hi, B, H, pr.Nq, pr.Nk, bn) for lo, hi in wgs] if wg_walk else []
         for kv_lo, kv_hi in kv_blocks:
             visit = pr.tiles.classes(q0, q_hi, kv_lo, kv_hi) != TILE_EMPTY  # the CTA's walk, per (b, h)
             if not bool(visit.any()):
                 continue
-            vis = visit.view(B, H, 1)
             for w, (lo, hi) in enumerate(wgs):
+                mine = visit
+                if wg_walk:
+                    j = kv_lo // bn
+                    mine = visit & (runs[w][..., 0] <= j) & (j < runs[w][..., 1])
+                    if not bool(mine.any()):
+                        continue
+                vis = mine.view(B, H, 1)
                 s = pr.tile_scores(lo, hi, kv_lo, kv_hi)  # this warpgroup's classes; None: EMPTY for all (b, h)
                 if s is None:
                     s = torch.full((B, H, hi - lo + 1, kv_hi - kv_lo + 1), -math.inf, dtype=torch.float64)
                 x = s * _LOG2E
                 m_tile = x.amax(dim=-1)
                 if static is not None:
-                    first = (~started).view(B, H, 1)
+                    first = (~started[w]).view(B, H, 1)
                     m_ref = torch.where(first, m_tile.clamp(static[0], static[1]), m[w])
                     alpha = torch.ones_like(m_ref)
                     m_new = m_ref
@@ -332,7 +360,7 @@ def _run_v3(pr: _Problem, bm: int, bn: int, descending: bool) -> tuple[torch.Ten
                 acc[w] = torch.where(vis.unsqueeze(-1), acc_new, acc[w])
                 l[w] = torch.where(vis, l_new, l[w])
                 m[w] = torch.where(vis, m_new, m[w])
-            started |= visit
+                started[w] |= mine
         for w, (lo, hi) in enumerate(wgs):  # each warpgroup's epilogue
             out[:, :, lo:hi + 1], lse[:, :, lo:hi + 1] = _finish(acc[w], m[w], l[w])
     return out, lse

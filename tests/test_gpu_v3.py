@@ -7,6 +7,7 @@ Run on an H100 / H200 with ``python3 -m pytest -m gpu tests/test_gpu_v3.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -141,6 +142,37 @@ def test_three_consumers(name):
         for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
             res = check_kernel(kern, 2, 3, nq, nk, H_kv=hkv)
             assert res.ok, f"{name} block_m=192 GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+
+
+# Masks under which one consumer warpgroup's rows miss blocks the CTA visits (the per-warpgroup walk, kWgWalk in
+# v3_fwd.cuh: a mask and BLOCK_N < BLOCK_M). "late rows": rows < 700 see no key at all, so a warpgroup may skip every
+# block while the other multiplies (its extra empty turn); their outputs must be 0, their LSE -inf.
+WG_WALK_MASKS = {
+    "window 100": lambda b, h, q, kv: (q >= kv) & (q - kv <= 100),
+    "window 700": lambda b, h, q, kv: (q >= kv) & (q - kv <= 700),
+    "causal": lambda b, h, q, kv: q >= kv,
+    "symmetric 90": lambda b, h, q, kv: (q - kv <= 90) & (kv - q <= 90),
+    "late rows": lambda b, h, q, kv: (q >= 700) & (q >= kv),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("mask", sorted(WG_WALK_MASKS))
+@pytest.mark.parametrize("opts", [dict(block_m=192, block_n=64), dict(block_m=128, block_n=64),
+                                  dict(block_m=192, block_n=64, persistent=True),
+                                  dict(block_m=192, block_n=64, kv_descending=True)], ids=str)
+def test_warpgroup_walk(mask, opts):
+    """Each consumer warpgroup multiplies only the blocks that meet its own rows' K/V range and takes empty turns
+    for the rest: seqlens that are not multiples of any tile, cross lengths, fp16 and GQA, the persistent grid (the
+    ring's slots and phases run on across tiles) and the descending walk."""
+    spec = presets.plain(128, mask_mod=WG_WALK_MASKS[mask], name=mask.replace(" ", "_"))
+    kern = ac.compile(spec, "v3", **opts)
+    assert (kern.kernel_source.plan.block_m, kern.kernel_source.plan.block_n) == (opts["block_m"], opts["block_n"])
+    for nq, nk in ((113, 113), (1023, 1023), (1500, 517), (517, 1500), (2500, 2500)):
+        res = check_kernel(kern, B, H, nq, nk)
+        assert res.ok, f"{mask} {opts} Nq={nq} Nk={nk}: {res}"
+    res = check_kernel(ac.compile(dataclasses.replace(spec, dtype="fp16"), "v3", **opts), 2, 4, 1023, H_kv=2)
+    assert res.ok, f"{mask} {opts} fp16 GQA: {res}"
 
 
 def _resident_ctas(kern) -> int:

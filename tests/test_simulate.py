@@ -171,21 +171,30 @@ def test_a_wrong_classifier_gives_a_wrong_answer(monkeypatch: pytest.MonkeyPatch
 
 
 def test_v3_walk_and_warpgroups() -> None:
-    """v3: the CTA walks the blocks not EMPTY for all its rows, and each 64-row warpgroup runs every one of them --
-    a block EMPTY for one warpgroup's rows goes through its masked softmax and adds nothing.  The counters are per
-    warpgroup: a causal 128-row tile with two 64-key blocks has block 0 PARTIAL for warpgroup 0 and FULL for
-    warpgroup 1, block 1 EMPTY for warpgroup 0 and PARTIAL for warpgroup 1."""
-    ir = build_ir(presets.causal(16))
+    """v3: the CTA walks the blocks not EMPTY for all its rows.  With blocks as wide as the tile every 64-row
+    warpgroup runs every one of them -- a block EMPTY for one warpgroup's rows goes through its masked softmax and
+    adds nothing; with narrower blocks (the kernel's per-warpgroup walk) a warpgroup multiplies only the blocks that
+    meet its own rows' K/V range.  The counters are per warpgroup."""
     q, k, v = (torch.randn(1, 1, 128, 16, dtype=torch.float64) for _ in range(3))
+    # causal, a 128-row tile, two 64-key blocks: warpgroup 0 (rows 0..63) runs block 0 only (PARTIAL), warpgroup 1
+    # (rows 64..127) block 0 (FULL) and block 1 (PARTIAL)
+    ir = build_ir(presets.causal(16))
     ref, ref_lse = reference_attention(q, k, v, ir, return_lse=True)
     for desc in (False, True):
         res = simulate(ir, TileSchedule("v3", 128, 64, desc), q, k, v)
         assert float((res.out - ref).abs().max()) <= TOL and float((res.lse - ref_lse).abs().max()) <= TOL
-        # one CTA, blocks [0, 64) and [64, 128), both visited; warpgroup 0 (rows 0..63): PARTIAL, EMPTY;
-        # warpgroup 1 (rows 64..127): FULL, PARTIAL
         st = res.stats
-        assert (st.tiles_empty, st.tiles_partial, st.tiles_full) == (1, 2, 1)
+        assert (st.tiles_empty, st.tiles_partial, st.tiles_full) == (0, 2, 1)
         assert st.scores_computed == 3 * 64 * 64 and st.mask_evaluations == 2 * 64 * 64
+    # rows below 100 see nothing, one 128-key block: warpgroup 0's rows make it EMPTY, and it still runs it
+    ir = build_ir(ac.AttentionSpec(head_dim=16, mask_mod=lambda b, h, q_idx, kv_idx: (q_idx >= 100) & (q_idx >= kv_idx)))
+    ref, ref_lse = reference_attention(q, k, v, ir, return_lse=True)
+    res = simulate(ir, TileSchedule("v3", 128, 128), q, k, v)
+    assert float((res.out - ref).abs().max()) <= TOL
+    assert bool((res.lse[..., :100] == -math.inf).all()) and float((res.lse - ref_lse)[..., 100:].abs().max()) <= TOL
+    st = res.stats
+    assert (st.tiles_empty, st.tiles_partial, st.tiles_full) == (1, 1, 0)
+    assert st.scores_computed == 64 * 128 and st.mask_evaluations == 64 * 128
 
 
 def test_v3_lazy_offset_and_fixed_offset() -> None:

@@ -424,6 +424,27 @@ def test_nvcc_one_consumer_two_ctas(head_dim):
         assert "C7520" not in rep.log and "C7508" not in rep.log, f"{name}\n{rep.log}"
 
 
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_warpgroup_walk():
+    """With a mask and BLOCK_N < BLOCK_M each consumer warpgroup walks its own rows' run of the CTA's blocks (kWgWalk,
+    v3_fwd.cuh): the range test behind a warp vote keeps the wgmma asynchronous (on the test alone ptxas serialized
+    every wgmma, C7520), without spills; the default window tile (BLOCK_N = BLOCK_M) beside them."""
+    cases = {"window 192x64": (presets.sliding_window(1024, 128), dict(block_m=192, block_n=64)),
+             "window 128x64": (presets.sliding_window(1024, 128), dict(block_n=64)),
+             "causal 192x64 persistent": (presets.causal(128), dict(block_m=192, block_n=64, persistent=True)),
+             "document 192x96 d64": (_specs(64)["document"], dict(block_m=192, block_n=96)),
+             "window 128x128": (presets.sliding_window(1024, 128), {})}
+    jobs = {name: _render(spec, **opts).source for name, (spec, opts) in cases.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+        ptx = dict(zip(jobs, pool.map(_ptx, jobs.values())))
+    for name, rep in reps.items():
+        assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
+        assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
+        assert "wgmma.mma_async.sync.aligned" in ptx[name] and "cp.async.bulk.tensor.4d" in ptx[name], name
+
+
 def test_plan_late_pv_wait():
     """late_pv_wait is on by default in kernels with one softmax copy (a mask; ALiBi below d = 256) and no fixed
     offset from DV = 192 (ALiBi: 128), off below; forcing it reaches the kernel as a constexpr, every plan says why, and a

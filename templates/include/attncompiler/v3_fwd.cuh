@@ -23,6 +23,10 @@
 // Visited blocks: those meeting Variant::kv_range of the CTA's rows, minus the ones tile_class
 // proves EMPTY; a block is run through the masked softmax only when the warpgroup's rows make it
 // PARTIAL or it is the ragged last block (TMA zero-fills rows >= Nk; their scores are masked).
+// With a mask and BLOCK_N < BLOCK_M (kWgWalk), each consumer warpgroup multiplies only the blocks that
+// meet the K/V range of its own 64 rows (a contiguous run of the CTA's walk); for the others it waits
+// for the stage to land, releases it, and takes its turn without issuing (skip_block), so the ping-pong's
+// turns and the ring's arrivals stay the same for every warpgroup.
 //
 // Shared memory (from a 1024-byte aligned base; 128-byte swizzle, so every tile is made of
 // 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
@@ -406,10 +410,34 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     if constexpr (kPingPong) named_bar_arrive(kTurnBar + (wg + 1 == NC ? 0 : wg + 1), 256);
   };
   if (kPingPong && wg == NC - 1) named_bar_arrive(kTurnBar + 0, 256);
+  // Per-warpgroup runs of the walk (see the header): a mask, and blocks narrower than the CTA's rows, so
+  // that a warpgroup's 64 rows can miss whole blocks the CTA visits. Elsewhere the code is as without it.
+  // (AC_V3_NO_WG_WALK turns it off: same-process A/B runs, benchmarks/v3_sweep.py define=.)
+#ifdef AC_V3_NO_WG_WALK
+  constexpr bool kWgWalk = false;
+#else
+  constexpr bool kWgWalk = Variant::kHasMask && NC >= 2 && BN < BM;
+#endif
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
   unsigned int phase = 0;
+  // kWgWalk: a block of the CTA's walk outside this warpgroup's run. Its waits on both copies come first:
+  // the producer issued them only after every arrival of the slot's previous use, so these arrivals count
+  // towards this use (a warpgroup done with its run could otherwise arrive ahead of a slower one's release
+  // of the same slot). Then the turn this block's S GEMM would have taken.
+  auto skip_block = [&]() {
+    mbar_wait(full_k(s), phase);
+    mbar_wait(full_v(s), phase);
+    mbar_arrive(empty_k(s));
+    mbar_arrive(empty_v(s));
+    turn_wait();
+    turn_grant();
+    if (++s == STAGES) {
+      s = 0;
+      phase ^= 1u;
+    }
+  };
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
@@ -429,6 +457,19 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     st.row_sum[0] = st.row_sum[1] = 0.f;
     st.set_score_mod(b, h, p, buf);
     const float tile_exp_scale = st.tile_exp_scale(exp_scale);
+
+    // kWgWalk: the blocks [wj_begin, wj_end) that meet this warpgroup's own rows' K/V range (none for rows
+    // past Nq); the CTA's walk visits them as one contiguous run, which this warpgroup multiplies.
+    int wj_begin = 0, wj_end = 0;
+    if constexpr (kWgWalk) {
+      if (wq_lo <= wq_hi) kv_block_range<BN>(b, h, wq_lo, wq_hi, p, buf, wj_begin, wj_end);
+    }
+    // (the warp vote changes no value -- the run is the warpgroup's -- but tells ptxas the branch is
+    // warp-uniform; on the range test alone it serializes every wgmma, C7520)
+    auto in_wg = [&](int j) -> bool {
+      if constexpr (kWgWalk) return __any_sync(0xffffffffu, j >= wj_begin && j < wj_end);
+      return true;
+    };
 
     // Whether block j needs the masked softmax for this warpgroup's rows.
     auto needs_mask = [&](int j) -> bool {
@@ -450,8 +491,16 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;
 #endif
-    if (walk.valid(j_first)) {
-      int j = j_first;
+    int j = j_first;
+    bool skipped = false;  // kWgWalk: some block before this warpgroup's run
+    if constexpr (kWgWalk) {  // blocks before this warpgroup's run
+      while (walk.valid(j) && !in_wg(j)) {
+        skip_block();
+        skipped = true;
+        j = walk.next(j, b, h, q0, q_hi, p, buf);
+      }
+    }
+    if (walk.valid(j)) {
       // Block 0: S_0 only.
       st.init_s(j * BN, row0, b, h, p, buf);
       mbar_wait(full_k(s), phase);
@@ -480,7 +529,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         phase ^= 1u;
       }
       j = j_next;
-      while (walk.valid(j)) {
+      while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
         turn_wait();
@@ -552,6 +601,18 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
       mbar_arrive(barQfree);
+      // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
+      // and the last P V are one turn each), so it takes the last one empty.
+      if (kWgWalk && skipped) {
+        turn_wait();
+        turn_grant();
+      }
+    }
+    if constexpr (kWgWalk) {  // blocks after this warpgroup's run
+      while (walk.valid(j)) {
+        skip_block();
+        j = walk.next(j, b, h, q0, q_hi, p, buf);
+      }
     }
 
     // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
