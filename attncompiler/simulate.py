@@ -20,7 +20,8 @@ tile, with the plan's block sizes -- so the tiling math of every schedule is pro
   visited block: one that is EMPTY for a warpgroup's rows goes through the masked softmax and adds
   nothing -- except where the kernel walks per warpgroup (a mask, two or three warpgroups, and BLOCK_N <
   BLOCK_M): there a warpgroup multiplies only the blocks that meet the K/V range of its own rows
-  (:func:`attncompiler.ir.ranges.kv_range`, per (b, h)), and its first such block is its first block.  The offset is lazy (FlashAttention-4's rescaling): it moves to a block's row maximum only
+  (:func:`attncompiler.ir.ranges.kv_range`, per (b, h)), and its first such block is its first block.
+  The offset is lazy (FlashAttention-4's rescaling): it moves to a block's row maximum only
   when that exceeds it by more than :data:`V3_RESCALE_SLACK` (log2 units), so P reaches 2^8; a bounded
   score_mod (softcap) instead fixes the offset at the first visited block's row maximum clamped into
   the window of :func:`attncompiler.codegen.hooks.static_offset_of`.  (The score skip and the rounding

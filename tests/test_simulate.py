@@ -187,7 +187,8 @@ def test_v3_walk_and_warpgroups() -> None:
         assert (st.tiles_empty, st.tiles_partial, st.tiles_full) == (0, 2, 1)
         assert st.scores_computed == 3 * 64 * 64 and st.mask_evaluations == 2 * 64 * 64
     # rows below 100 see nothing, one 128-key block: warpgroup 0's rows make it EMPTY, and it still runs it
-    ir = build_ir(ac.AttentionSpec(head_dim=16, mask_mod=lambda b, h, q_idx, kv_idx: (q_idx >= 100) & (q_idx >= kv_idx)))
+    late = ac.AttentionSpec(head_dim=16, mask_mod=lambda b, h, q_idx, kv_idx: (q_idx >= 100) & (q_idx >= kv_idx))
+    ir = build_ir(late)
     ref, ref_lse = reference_attention(q, k, v, ir, return_lse=True)
     res = simulate(ir, TileSchedule("v3", 128, 128), q, k, v)
     assert float((res.out - ref).abs().max()) <= TOL

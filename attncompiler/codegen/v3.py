@@ -1,5 +1,5 @@
 """The v3 schedule: FlashAttention-3 style Hopper forward (templates/v3_fwd.cu.j2,
-include/attncompiler/v3_fwd.cuh, v3_consumer.cuh, v3_sm90.cuh; v3_trace.cuh: the phase marks).
+include/attncompiler/v3_fwd.cuh, v3_consumer.cuh, v3_epilogue.cuh, v3_sm90.cuh; v3_trace.cuh: the phase marks).
 
 Besides ``(AttnParams, AttnBuffers)`` the kernel takes a third by-value argument, ``struct V3Maps``:
 the TMA tensor maps of q, k and v, built per call by :meth:`V3Schedule.launch_forward`

@@ -1,0 +1,145 @@
+// attncompiler/v3_epilogue.cuh -- a v3 forward consumer warpgroup's own rows of the Q tile on the way in
+// (v3_scale_q: Q pre-scaled for a score_mod G(c * s), Cfg::Q_PRESCALE) and of O on the way out (v3_epilogue:
+// O / l and the LSE, staged through the Q tile's shared memory), and the named barriers both share with the
+// ping-pong. v3_fwd.cuh drives them and documents the shared-memory layout.
+//
+// Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; v3_consumer.cuh
+// (V3Layout, V3Consumer), v3_sm90.cuh (named_bar_sync), v3_trace.cuh (AC_TRACE).
+#pragma once
+
+namespace ac {
+
+// The named barriers of the ping-pong: warpgroup w waits on kTurnBar + w for its turn to issue;
+// kEpilogueBar + w: warpgroup w's staged O is in shared memory, or its scaled Q rows (Q_PRESCALE) are
+// (w < 3 consumers; ids 1..6 of 16).
+constexpr int kTurnBar = 1;
+constexpr int kEpilogueBar = 4;
+
+// Q_PRESCALE (plan/qscale.py): the score_mod's inner term is G(c * s) with c per (batch, head), so
+// c * (q . k) = (c q) . k. Warpgroup wg multiplies its own 64 rows of the Q tile (every 64-column box;
+// the swizzle only permutes 16-byte chunks within a row, so the chunks are scaled wherever they lie) by c
+// in fp32 and rounds back to bf16 (satfinite: never inf), then makes the generic-proxy writes visible to
+// its wgmmas (async proxy) and syncs the warpgroup: its S GEMMs read all 64 rows. Once per tile, after
+// the Q barrier (the persistent grid reloads Q for every tile).
+template <class Cfg>
+__device__ __forceinline__ void v3_scale_q(unsigned int sQ, int wg, float c) {
+  using L = V3Layout<Cfg>;
+  static_assert(ac_type_traits<ac_elem_t>::kIsBf16, "Q_PRESCALE is bf16 only (c * q would be fp16 subnormals)");
+  static_assert(Variant::kHasScoreMod && Variant::kScoreQScale && !Variant::kScoreSeparable,
+                "Q_PRESCALE needs a score_mod of the form G(c * score)");
+  constexpr int kChunks = 64 * 128 / 16;  // 16-byte chunks of one box's 64 rows
+  static_assert(kChunks % 128 == 0, "whole chunks per thread");
+  const int tid = threadIdx.x & 127;
+#pragma unroll
+  for (int box = 0; box < L::DB; ++box) {
+#pragma unroll
+    for (int it = 0; it < kChunks / 128; ++it) {
+      const unsigned int addr = sQ + box * L::BM * 128 + wg * 64 * 128 + (tid + 128 * it) * 16;
+      unsigned int w[4];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lo = __uint_as_float(w[e] << 16) * c, hi = __uint_as_float(w[e] & 0xffff0000u) * c;
+        asm("cvt.rn.satfinite.bf16x2.f32 %0, %1, %2;" : "=r"(w[e]) : "f"(hi), "f"(lo));
+      }
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  named_bar_sync(kEpilogueBar + wg, 128);
+}
+
+// The epilogue of one consumer warpgroup: O / l to global memory, and the LSE.
+// Staged (non-persistent kernels with DV <= D and 16-byte aligned output rows): the warpgroup's
+// fragments go to its own 64 rows of the Q tile -- free once its last S GEMM is done, and never
+// reloaded without PERSISTENT -- in Q's layout (64-column boxes, 16-byte chunks swizzled by the row:
+// chunk k of row r at k ^ (r & 7), so the 4-byte fragment stores of a warp hit 32 distinct banks),
+// then each thread copies 16-byte chunks, consecutive threads along a row, to global memory. A warp
+// store then covers 512 contiguous bytes instead of 8 rows x 16 bytes: 4 cache lines instead of 8 per
+// instruction, at an eighth of the store instructions (benchmarks/v3_trace.py measured the direct
+// stores at 1.5 us per tile on the H100).
+template <class Cfg>
+__device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
+                                            unsigned int sQ, int wg, int row0, int wq_lo, int b, int h, int bh,
+                                            int trace_tile) {
+  using L = V3Layout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  constexpr int NO = L::NO;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
+  float inv[2];
+  bool seen[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = st.row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // a row with no visible key has l = 0 (exp2(-inf) is 0 on MUFU and in ac_exp2_poly) and, without a
+    // fixed offset, m = -inf
+    seen[hf] = l > 0.f && st.row_max[hf] != AC_NEG_INF;
+    inv[hf] = seen[hf] ? 1.f / l : 0.f;
+    const int r = row0 + g + 8 * hf;
+    if (p.lse != nullptr && t == 0 && r < p.Nq) {
+      float m = st.row_max[hf];
+      if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
+        m += Variant::score_sep_row(b, h, r, row0, p, buf);  // the row term the softmax dropped
+      }
+      p.lse[(long long)bh * p.Nq + r] = seen[hf] ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+    }
+  }
+  AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);
+  constexpr bool kCanStage = !Cfg::PERSISTENT && L::DVB <= L::DB;  // O's boxes fit in Q's
+  const bool staged = kCanStage && ((reinterpret_cast<unsigned long long>(gO) | (unsigned long long)(p.o_sn * 2)) & 15) == 0;
+  if (staged) {
+    // this warpgroup's rows of the Q tile: box c at sQ + c * BM * 128, its row r at (64 wg + r) * 128
+    const unsigned int sO = sQ + wg * 64 * 128;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // wgmma (async proxy) read Q here
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = 16 * ((threadIdx.x >> 5) & 3) + g + 8 * hf;  // row within the warpgroup's 64
+#pragma unroll
+      for (int nt = 0; nt < NO / 4; ++nt) {
+        const unsigned int addr = sO + (nt / 8) * L::BM * 128 + r * 128 + (((nt % 8) ^ (r & 7)) << 4) + 4 * t;
+        const unsigned int v = Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv[hf], st.acc_o[4 * nt + 2 * hf + 1] * inv[hf]);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+      }
+    }
+    AC_TRACE(trace_tile, kTraceEpiSts, threadIdx.x == 128);
+    named_bar_sync(kEpilogueBar + wg, 128);
+    AC_TRACE(trace_tile, kTraceEpiBar, threadIdx.x == 128);
+    constexpr int kChunksPerRow = L::DV / 8;  // 16-byte chunks
+    constexpr int kIters = 64 * kChunksPerRow / 128;
+    static_assert((64 * kChunksPerRow) % 128 == 0, "whole 16-byte chunks per thread");
+    const int tid = threadIdx.x & 127;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int id = tid + 128 * it;
+      const int r = id / kChunksPerRow, ch = id % kChunksPerRow;
+      const unsigned int addr = sO + (ch / 8) * L::BM * 128 + r * 128 + (((ch % 8) ^ (r & 7)) << 4);
+      unsigned int x, y, z, w;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(addr) : "memory");
+      if (wq_lo + r < p.Nq) {
+        uint4* dst = reinterpret_cast<uint4*>(gO + (long long)(wq_lo + r) * p.o_sn + ch * 8);
+        *dst = make_uint4(x, y, z, w);
+      }
+    }
+  } else {
+    // direct: this thread's fragments as 4-byte stores (8 rows x 16 bytes per warp instruction)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = row0 + g + 8 * hf;
+      if (r < p.Nq) {
+        ac_elem_t* orow = gO + (long long)r * p.o_sn;
+#pragma unroll
+        for (int nt = 0; nt < NO / 4; ++nt) {
+          *reinterpret_cast<unsigned int*>(orow + nt * 8 + 2 * t) =
+              Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv[hf], st.acc_o[4 * nt + 2 * hf + 1] * inv[hf]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ac
