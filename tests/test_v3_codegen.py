@@ -445,6 +445,24 @@ def test_nvcc_warpgroup_walk():
         assert "wgmma.mma_async.sync.aligned" in ptx[name] and "cp.async.bulk.tensor.4d" in ptx[name], name
 
 
+def test_plan_says_when_warpgroups_walk_their_own_blocks():
+    """The plan's reasons name the per-warpgroup walk exactly where the kernel takes it (v3_fwd.cuh kWgWalk: a mask,
+    two or three consumer warpgroups, BLOCK_N < BLOCK_M)."""
+    cuh = (ROOT / "templates/include/attncompiler/v3_fwd.cuh").read_text()
+    assert "constexpr bool kWgWalk = Variant::kHasMask && NC >= 2 && BN < BM;" in cuh
+    t = get_target("sm_90")
+    for spec, opts, walks in ((presets.sliding_window(1024, 128), dict(block_m=192, block_n=64), True),
+                              (presets.sliding_window(1024, 128), dict(block_n=64), True),
+                              (presets.sliding_window(256, 160), {}, True),  # the band rule's BN 64
+                              (presets.sliding_window(1024, 128), {}, False),  # BN = BM
+                              (presets.sliding_window(256, 128), {}, False),  # BM 64: one warpgroup
+                              (presets.plain(128), dict(block_m=192, block_n=64), False)):  # no mask
+        plan = get_schedule("v3").make_plan(build_ir(spec), t, **opts)
+        said = any("its own 64 rows" in r for r in plan.reasons)
+        assert said == walks, (spec.name, opts, plan.block_m, plan.block_n, plan.consumers)
+        assert said == (spec.mask_mod is not None and plan.consumers >= 2 and plan.block_n < plan.block_m)
+
+
 def test_plan_late_pv_wait():
     """late_pv_wait is on by default in kernels with one softmax copy (a mask; ALiBi below d = 256) and no fixed
     offset from DV = 192 (ALiBi: 128), off below; forcing it reaches the kernel as a constexpr, every plan says why, and a

@@ -445,6 +445,11 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 " (KV_DESCENDING_SEPARABLE: a separable score_mod's column term, ALiBi's slope * kv, peaks at the "
                 "last block, so the lazy rescale rarely moves the offset after it)" if sep_any else "")
     reasons.append(f"K/V blocks visited {'from the last down' if desc else 'in ascending order'}{why_desc}")
+    if getattr(ir_or_dims, "mask_expr", None) is not None and nc >= 2 and bn < bm:
+        # templates/include/attncompiler/v3_fwd.cuh kWgWalk (the same condition)
+        reasons.append(f"each consumer warpgroup multiplies only the K/V blocks its own 64 rows can see (a mask and "
+                       f"BLOCK_N {bn} < BLOCK_M {bm}: a warpgroup's rows may miss whole blocks of the CTA's walk; for "
+                       f"those it takes an empty GEMM turn)")
     why_not = "" if desc else "the K/V walk is ascending (the skip needs the largest column term visited first)"
     skip, why_skip = score_skip_choice(ir_or_dims, "v3", score_skip, why_not)
     reasons.append(why_skip)
