@@ -6,6 +6,7 @@ the same dtype errs against the float64 reference.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import sympy
@@ -189,7 +190,13 @@ def _stored_output_reference(run, reference, q64, bufs64, o_kernel, o_ref, dout)
 
 def _check_with_stored_output(g, r, r_stored, e, factor: float, strict_msg: str) -> tuple[bool, str]:
     """``g`` against ``r_stored`` (the exact gradient with D from the stored output), eager's error against the
-    exact ``r`` as the bound, plus 2^-7 of the stored-output term (max-abs and relative Frobenius)."""
+    exact ``r`` as the bound, plus 2^-7 of the stored-output term (max-abs and relative Frobenius), plus, for
+    the max-abs error, one ulp of ``g``'s element type at ``r_stored``'s largest magnitude.
+
+    That ulp is the resolution of the gradient as the kernel writes it. Where a gradient is the sum of a few
+    rounded terms (Nq = 2, rows that see one or two keys), eager's realized error is one draw of a few
+    roundings and can sit far below that resolution; the kernel's, which rounds dS for the tensor cores and
+    the result to the element type as eager does, is another draw (fuzz seed 101282, docs/backward.md)."""
     r = r.detach().double()
     rs = r_stored.detach().double().to(r.device)
     term = (rs - r).nan_to_num(0.0)
@@ -197,9 +204,12 @@ def _check_with_stored_output(g, r, r_stored, e, factor: float, strict_msg: str)
     t_fro = float(torch.linalg.vector_norm(term)) / max(float(torch.linalg.vector_norm(rs.nan_to_num(0.0))), 1e-300)
     if t_max == 0.0:
         return False, strict_msg
-    good, msg = error_ratio_check(g, rs, e.double() + term, factor=factor, atol=1e-5 + 2.0 ** -7 * t_max,
+    top = float(rs.nan_to_num(0.0, posinf=0.0, neginf=0.0).abs().max())
+    ulp = torch.finfo(g.dtype).eps * 2.0 ** math.floor(math.log2(top)) if top > 0.0 and g.dtype.is_floating_point else 0.0
+    good, msg = error_ratio_check(g, rs, e.double() + term, factor=factor, atol=1e-5 + 2.0 ** -7 * t_max + ulp,
                                   rel_atol=1e-6 + 2.0 ** -7 * t_fro)
-    return good, (f"{strict_msg}; against D from the stored output (term max {t_max:.3e}): {msg}")
+    ulp_text = f", 1 ulp {ulp:.1e} allowed" if ulp > 0.0 else ""
+    return good, (f"{strict_msg}; against D from the stored output (term max {t_max:.3e}{ulp_text}): {msg}")
 
 
 def run_example(spec, *, B: int = 2, H: int = 4, seqlens: tuple[int, ...] = (113, 1023),

@@ -67,3 +67,32 @@ def test_recheck_accepts_the_algorithm_and_refuses_others() -> None:
         assert msg.startswith("strict; against D from the stored output")
     ok, msg = _check_with_stored_output(r, r, r.clone(), eager, 2.0, "strict")  # no term: the strict verdict
     assert not ok and msg == "strict"
+
+
+def test_recheck_allows_one_ulp_of_the_gradients_type() -> None:
+    """A gradient made of a few rounded terms (fuzz seed 101282: Nq = 2, a window of 33): eager's realized error
+    at the largest entries can sit far below the element type's resolution there. The recheck allows the kernel
+    one ulp of its gradient's type at the largest magnitude, and no more: a gradient off by 0.4 ulp at its largest
+    entry before its rounding to bf16 passes, one off by 3 ulps does not, and a float64 gradient off by 0.4 bf16
+    ulps gets no such allowance."""
+    g = torch.Generator().manual_seed(2)
+    r = torch.randn(2, 128, 16, generator=g, dtype=torch.float64)   # the exact gradient, |r| up to ~4
+    term = 1e-3 * torch.randn(2, 128, 16, generator=g, dtype=torch.float64)
+    r_stored = r + term
+    top = float(r_stored.abs().max())
+    ulp = torch.finfo(torch.bfloat16).eps * 2.0 ** math.floor(math.log2(top))
+    # eager: rounded to bf16 like any output, but a lucky draw (exact) at the entries above half the largest
+    eager = torch.where(r.abs() > top / 2, r, r.to(torch.bfloat16).double())
+    i = int(r_stored.abs().argmax())
+    for n_ulp, want in ((0.4, True), (3.0, False)):
+        pre = r_stored.clone()
+        pre.view(-1)[i] += n_ulp * ulp * math.copysign(1.0, float(r_stored.view(-1)[i]))
+        ok, msg = _check_with_stored_output(pre.to(torch.bfloat16), r, r_stored, eager, 2.0, "strict")
+        assert ok == want, msg
+        assert "1 ulp" in msg
+        if want:  # and without the allowance it would not pass: max-abs beyond twice eager's error
+            assert float((pre.to(torch.bfloat16).double() - r_stored).abs().max()) > 2 * float((eager - r).abs().max())
+    pre = r_stored.clone()
+    pre.view(-1)[i] += 0.9 * ulp
+    ok, msg = _check_with_stored_output(pre, r, r_stored, eager, 2.0, "strict")
+    assert not ok, msg  # float64: its own ulp (~1e-15) is all it gets
