@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attncompiler.ir.bounds import INDEX_LIMIT
-from attncompiler.ir.ranges import IndexRange, index_range, kv_range, q_range
+from attncompiler.ir.ranges import IndexRange, index_range, kv_dense, kv_range, q_range
 from attncompiler.spec.symbols import H
 
 from _bruteforce import (  # shared with test_bounds.py
@@ -437,3 +437,41 @@ def test_gpu_forward_with_kv_range(name: str) -> None:
         for nq, nk in ((1, 1), (113, 113), (1023, 1023), (300, 1000), (1000, 300), (1, 4096), (2500, 2500)):
             res = check_kernel(kern, 1, 2, nq, nk)
             assert res.ok, f"{name} {opts} Nq={nq} Nk={nk}: {res}"
+
+
+def test_kv_dense_masks() -> None:
+    """Which masks the walk may visit without the EMPTY search (ir/ranges.py kv_dense): conjunctions of bounds on
+    kv_idx that rise with q_idx at slope 0 or 1; everything else keeps the search."""
+    dense = [causal(), bottom_right(), sliding(1024), sliding(3), sliding_br(77), batch_window(5),
+             causal() & bottom_right(), M(KV <= Q + 7, None), M(sympy.Eq(KV, Q - 2), None),
+             M((KV >= 10) & (KV <= Q), None), M(sympy.Eq(H, 0) & (KV <= Q), None), M(~(KV > Q), None)]
+    searched = [prefix(96), sym_window(70), capped(40), document(), chunked(48), chunked_causal(48), striped(8, 3),
+                float_mask(), half(2), rational(1), not_equal(0), late_rows(200), head_causal(), head_shift(3),
+                M(KV >= 2 * Q, None), M(KV <= -Q + 900, None), M(~((KV <= Q) & (KV >= Q - 9)), None)]
+    assert kv_dense(None) and kv_dense(True)
+    for m in dense:
+        assert kv_dense(m.expr), m.expr
+    for m in searched:
+        assert not kv_dense(m.expr), m.expr
+    # why a condition on q_idx alone keeps the search: rows 128-199 see nothing, the derived range starts at
+    # 128 - 16 while the first visible key is 200 - 16, so blocks of 16 keys in between are EMPTY
+    m, blk = late_rows(200) & sliding(16), Block(128, 255, 0, 0, 400, 400)
+    lo, hi = evaluate(m, "kv", blk)
+    vis = set(visible(m, "kv", blk))
+    assert (lo, min(vis)) == (112, 184) and not kv_dense(m.expr)
+    assert not vis & set(range(128, 144))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=masks, blk=blocks(), bn=st.sampled_from([16, 64, 128]))
+def test_kv_dense_range_has_no_empty_block(m: M, blk: Block, bn: int) -> None:
+    """Brute force: where kv_dense holds, every key block that meets a query block's derived K/V range holds a
+    key visible from one of its rows (so skipping the EMPTY search visits exactly the blocks the search would)."""
+    if not kv_dense(m.expr):
+        return
+    lo, hi = evaluate(m, "kv", blk)
+    if lo > hi:
+        return
+    vis = set(visible(m, "kv", blk))
+    for j in range(lo // bn, hi // bn + 1):
+        assert vis & set(range(j * bn, min(j * bn + bn, blk.kv_len))), (m.expr, blk, bn, (lo, hi), j)

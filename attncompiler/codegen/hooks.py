@@ -18,7 +18,7 @@ import sympy
 
 from ..ir.bounds import tile_classifier
 from ..ir.grad import GradError, score_grad_expr
-from ..ir.ranges import kv_range, q_range
+from ..ir.ranges import kv_dense, kv_range, q_range
 from ..ir.scoreform import DIST_KV, DIST_Q, Q_REF, ScoreForm, q_scale_form, score_form
 from ..ir.scorerange import static_offset_window
 from ..ir.types import AttentionIR
@@ -228,6 +228,9 @@ def render_prelude(ir: AttentionIR, *, backward: bool = False) -> str:
     lines += ["  }"]
     mask = ir.mask_expr if has_mask else None
     lines += [
+        "  // no EMPTY K/V block inside kv_range of any query rows (ir/ranges.py kv_dense): the walk visits them",
+        "  // all without searching for EMPTY ones",
+        f"  static constexpr bool kKvDense = {_bool(kv_dense(mask))};",
         "  // K/V rows [lo, hi] that query rows [q_lo, q_hi] (inclusive) can see: no visible key lies",
         "  // outside (sound; exact for linear masks); lo > hi: none",
         "  static __device__ __forceinline__ void kv_range(int b, int h, int q_lo, int q_hi, " + _HOOK_ARGS + ",",

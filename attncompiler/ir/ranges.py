@@ -51,7 +51,7 @@ from .bounds import (
     _mag, bound,
 )
 
-__all__ = ["IndexRange", "kv_range", "q_range", "index_range", "AXES"]
+__all__ = ["IndexRange", "kv_range", "q_range", "index_range", "kv_dense", "AXES"]
 
 Range = tuple[sympy.Expr, sympy.Expr]   # (lo, hi) in the solved index; sentinels: see _Axis
 Ends = tuple[Any, Any]                   # (lo | None, hi | None): None = unbounded on that side
@@ -419,3 +419,56 @@ def kv_range(mask: sympy.Basic | bool | None) -> IndexRange:
 def q_range(mask: sympy.Basic | bool | None) -> IndexRange:
     """The query rows that can see K/V rows ``[kv_lo, kv_hi]``."""
     return index_range(mask, "q")
+
+
+# ---------------------------------------------------------------------------------------------
+# dense K/V ranges: no EMPTY block inside a query block's range
+# ---------------------------------------------------------------------------------------------
+def kv_dense(mask: sympy.Basic | bool | None) -> bool:
+    """True when no K/V block that meets :func:`kv_range` of some query rows is EMPTY for those rows.
+
+    The kernels' walks then visit the range's blocks without asking the tile classifier which to skip
+    (``Variant::kKvDense``): the same blocks as with the search, in the same order. Proved for a
+    conjunction of relationals linear in the indices, where each bound on ``kv_idx`` rises with ``q_idx``
+    at slope 0 or 1 (causal, bottom-right causal, sliding windows, bands, diagonals, and their conjunctions;
+    terms in b, h and the lengths are constants of the tile, conditions on b and h alone may empty it):
+    - the lower bound a(q) is a maximum of such lines (convex), the upper bound b(q) a minimum (concave), so
+      a - b is convex, and the rows that see a key form one interval [q1, q2];
+    - on the rows before q1, a - b falls by one per row, so a stays constant there and a(q_lo) = a(q1);
+      likewise b(q_hi) = b(q2). So the derived range, [max_i a_i(q_lo), min_i b_i(q_hi)], is exactly
+      [a(q1), b(q2)];
+    - consecutive rows' keys overlap or touch (a(q + 1) <= a(q) + 1 <= b(q) + 1), so every key of that
+      range is visible from some row, and every block that meets it holds a visible key.
+
+    Anything else gives False, which keeps the search: Or, !=, Abs / Min / Max, floors, reads of buffers
+    at an index, Floats, slopes other than 0 and 1, and conditions on q_idx alone (rows that see nothing
+    would widen the derived range beyond the visible one). Past the derivation's input guard (indices
+    beyond INDEX_LIMIT) the range is the whole axis; there EMPTY blocks are visited and add nothing."""
+    if mask is None or mask is True or isinstance(mask, BooleanTrue):
+        return True
+    return _dense(mask, False)
+
+
+def _dense(m: Any, neg: bool) -> bool:
+    if isinstance(m, sympy.Not):
+        return _dense(m.args[0], not neg)
+    if isinstance(m, (sympy.And, sympy.Or)):
+        return isinstance(m, sympy.And) != neg and all(_dense(a, neg) for a in m.args)
+    if m is True or m is False or isinstance(m, (BooleanTrue, BooleanFalse)):
+        return True
+    if not isinstance(m, Relational) or m.rel_op not in _NEGATED:
+        return False
+    op = _NEGATED[m.rel_op] if neg else m.rel_op
+    if op == "!=" or _is_bool(m.lhs) or _is_bool(m.rhs):
+        return False
+    d = m.lhs - m.rhs
+    if d.has(sympy.Float):
+        return False
+    d = _scaled(d)
+    c, e = d.coeff(KV_IDX), d.coeff(Q_IDX)
+    rest = sympy.expand(d - c * KV_IDX - e * Q_IDX, deep=False)
+    if rest.has(KV_IDX) or rest.has(Q_IDX) or not (c.is_Integer and e.is_Integer):
+        return False  # the indices only in integer linear terms (the rest, buffer reads of b / h included, is per tile)
+    if c == 0:
+        return e == 0  # a condition on b, h or the lengths: the whole tile, or nothing
+    return (-e / c) in (0, 1)  # kv's bound moves with q at slope 0 or 1

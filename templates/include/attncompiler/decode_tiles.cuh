@@ -86,6 +86,8 @@ __device__ __forceinline__ void decode_head_rows(int hg, int R0, int nrows, int 
 // if FULL for every head. A Tiles class for kv_next_block (ranges.cuh): the first block not proven
 // EMPTY for the CTA's rows is kv_next_block<BN, DecodeTiles>(j, j_end, b, h0, R0, nrows, p, buf).
 struct DecodeTiles {
+  // the union over heads of (b, h)-dependent ranges can have gaps: always search for EMPTY blocks
+  static constexpr bool kKvDense = false;
   static __device__ __forceinline__ int tile_class(int b, int h0, int R0, int nrows, int kv_lo, int kv_hi,
                                                    const AttnParams& p, const AttnBuffers& buf) {
     bool any_visible = false, all_full = true;

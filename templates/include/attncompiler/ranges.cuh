@@ -43,7 +43,14 @@ __device__ __forceinline__ void kv_block_range(int b, int h, int q_lo, int q_hi,
 template <int BN, bool kDesc, class Tiles = Variant>
 __device__ __forceinline__ int kv_walk_block(int j, int j_stop, int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                              const AttnBuffers& buf) {
-  if constexpr (Variant::kHasMask) {
+  // Tiles::kKvDense (ir/ranges.py kv_dense): no block of the range is EMPTY, so there is nothing to search for.
+  // (AC_KV_ALWAYS_SEARCH searches anyway: same-process A/B runs, benchmarks/v3_sweep.py define=.)
+#ifdef AC_KV_ALWAYS_SEARCH
+  constexpr bool kDense = false;
+#else
+  constexpr bool kDense = Tiles::kKvDense;
+#endif
+  if constexpr (Variant::kHasMask && !kDense) {
     int s = 1;
     while (kDesc ? j >= j_stop : j < j_stop) {
       const int first = kDesc ? max(j - s + 1, j_stop) : j;  // the range [first, past)
