@@ -7,7 +7,8 @@ that hides nothing: mask code compiled in, every tile FULL) or ``cudnn`` / ``cud
 backend, the reference); the options are the backward's (``schedule`` "v2" / "v3" / "auto",
 v3's ``consumers``, ``stages``, ``dq_split_n``, ``dq_red``, ``dkv_split``, ``dq_wide``, ``dq_chunk``, ``dq_pad``, or
 v2's plan options; ``n=4096`` sets the sequence length, B = 16384 // n; ``deterministic=true`` calls the kernel
-with ``deterministic=True``).  FLOPs: backward = 2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
+with ``deterministic=True``; ``define=NAME`` renders the backward with ``#define NAME 1`` in front, for A/B runs of
+source-level variants).  FLOPs: backward = 2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
 ``torch.autograd.grad`` of a retained graph (backward only; triton's do_bench median over two input sets); with
 ROUNDS > 1 configs are timed once per round in order, and the median over the rounds is printed last.
 """
@@ -18,6 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from _results import option_value, print_round_medians
+from v3_sweep import _visible_pairs, bwd_define
 
 
 def main(argv: list[str]) -> int:
@@ -37,6 +39,7 @@ def main(argv: list[str]) -> int:
         options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", 16384))
         det = bool(options.pop("deterministic", False))
+        define = options.pop("define", None)
         B, H = max(1, 16384 // N), 2048 // d
         if (d, N) not in inputs:
             sets = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
@@ -45,6 +48,8 @@ def main(argv: list[str]) -> int:
         sets, dout = inputs[(d, N)]
         causal = var.endswith("causal")
         flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
+        if var.startswith("sliding_window"):
+            flops = 2.5 * 4 * B * H * d * _visible_pairs(var, N)
         try:
             if var.startswith("cudnn"):
                 def fn(q, k, v):
@@ -55,15 +60,18 @@ def main(argv: list[str]) -> int:
                     spec = presets.plain(d, mask_mod=lambda b, h, q, kv: kv <= q + 2**30, name="fullmask")
                 else:
                     spec = presets.causal(d) if causal else presets.plain(d)
+                    if var.startswith("sliding_window"):  # window W (1024 unless named); FLOPs: its band
+                        spec = presets.sliding_window(int(var[len("sliding_window"):] or 1024), d)
                 fn = ac.compile(spec)
                 fn.backward_options = options
             outs = [fn(*s, deterministic=True) if det else fn(*s) for s in sets]
             it = [0]
 
-            def bwd(outs=outs):
+            def bwd(outs=outs, define=define):
                 i = it[0] % 2
                 it[0] += 1
-                return torch.autograd.grad(outs[i], sets[i], dout, retain_graph=True)
+                with bwd_define(define):
+                    return torch.autograd.grad(outs[i], sets[i], dout, retain_graph=True)
 
             ms = do_bench(bwd, warmup=10, rep=200, return_mode="median")
             del outs

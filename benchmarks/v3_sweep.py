@@ -42,6 +42,33 @@ def with_define(kern, name: str):
                                _v2=None, _decode_cp=None)
 
 
+class bwd_define:
+    """``with bwd_define("NAME"):`` -- backward kernels rendered inside the block start with ``#define NAME 1`` (their
+    own compiled functions: runtime/backward.py caches loaded kernels by source text), for same-process A/B runs of
+    source-level variants of the backward. ``None``: no change."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        from attncompiler.runtime import backward
+
+        self._orig = backward.bwd_source
+        if self.name:
+            orig, name = self._orig, self.name
+
+            def patched(*a, **k):  # noqa: ANN002, ANN003 - bwd_source's arguments
+                src = orig(*a, **k)
+                return dataclasses.replace(src, source=f"#define {name} 1\n" + src.source)
+
+            backward.bwd_source = patched
+
+    def __exit__(self, *exc: object) -> None:
+        from attncompiler.runtime import backward
+
+        backward.bwd_source = self._orig
+
+
 def main(argv: list[str]) -> int:
     from triton.testing import do_bench
 

@@ -475,3 +475,93 @@ def test_kv_dense_range_has_no_empty_block(m: M, blk: Block, bn: int) -> None:
     vis = set(visible(m, "kv", blk))
     for j in range(lo // bn, hi // bn + 1):
         assert vis & set(range(j * bn, min(j * bn + bn, blk.kv_len))), (m.expr, blk, bn, (lo, hi), j)
+
+
+def q_walk(m: M, bm: int, kv0: int, kv_hi: int, q_len: int, kv_len: int, heads: int, rot: int, b: int = 0,
+           jump: bool = True) -> tuple[list[tuple[int, int]], int]:
+    """ranges.cuh q_walk_skip replayed in Python: the (head, query block) pairs the backward's walk over one K/V
+    block visits, in order, and its tile_class calls. ``jump``: positions outside q_range are jumped over
+    (False: AC_Q_WALK_SCAN, one position at a time)."""
+    from attncompiler.ir.bounds import TILE_EMPTY, tile_classifier
+
+    tc, qr = tile_classifier(m.expr), q_range(m.expr)
+    nqb = -(-q_len // bm)
+    calls = 0
+
+    def block_of(i: int) -> int:
+        qb = nqb - 1 - i if rot < 0 else i + rot
+        return qb - nqb if qb >= nqb else qb
+
+    def skip(hg: int, i: int) -> tuple[int, int]:
+        nonlocal calls
+        while hg < heads:
+            q0 = block_of(i) * bm
+            calls += 1
+            if tc.classify(q0, min(q0 + bm, q_len) - 1, kv0, kv_hi, b=b, h=hg, q_len=q_len, kv_len=kv_len) != TILE_EMPTY:
+                return hg, i
+            i += 1
+            if i == nqb:
+                hg, i = hg + 1, 0
+                continue
+            if jump:  # the range derived again at each EMPTY tile, as the kernel does
+                lo, hi = qr.evaluate(kv0, kv_hi, b=b, h=hg, q_len=q_len, kv_len=kv_len)
+                lo, hi = max(lo, 0), min(hi, q_len - 1)
+                qb_lo, qb_hi = lo // bm, (-1 if lo > hi else hi // bm)
+                qb = block_of(i)
+                if qb < qb_lo or qb > qb_hi:
+                    i_t = nqb - 1 - qb_hi if rot < 0 else qb_lo - rot
+                    if i_t < 0:
+                        i_t += nqb
+                    if qb_lo <= qb_hi and i < i_t:
+                        i = i_t
+                    else:
+                        hg, i = hg + 1, 0
+        return hg, i
+
+    visits: list[tuple[int, int]] = []
+    hg, i = skip(0, 0)
+    while hg < heads:
+        visits.append((hg, block_of(i)))
+        i += 1
+        if i == nqb:
+            hg, i = hg + 1, 0
+        hg, i = skip(hg, i)
+    return visits, calls
+
+
+@pytest.mark.parametrize("m", [causal(), sliding(1024), sliding(100), sliding_br(77), prefix(96), chunked(48),
+                               sym_window(70), late_rows(200), causal() | document(), bottom_right(), head_shift(40),
+                               capped(30), not_equal(3)],
+                         ids=lambda m: str(m.expr)[:40])
+@pytest.mark.parametrize("shape", [(64, 128, 2500, 2500), (64, 64, 300, 1000), (64, 128, 1000, 300), (128, 128, 1, 700)])
+def test_q_walk_jumps_visit_what_the_scan_visits(m: M, shape: tuple[int, int, int, int]) -> None:
+    """The backward's walk over query blocks (ranges.cuh q_walk_skip): jumping over the positions outside q_range
+    visits the same (head, query block) pairs in the same order as classifying every position, for rotated
+    (atomic dQ), unrotated and descending (deterministic) orders, and every visible tile is among them."""
+    bm, bn, q_len, kv_len = shape
+    nqb, heads = -(-q_len // bm), 3
+    for j in range(-(-kv_len // bn)):
+        kv0, kv_hi = j * bn, min(j * bn + bn, kv_len) - 1
+        for rot in (j % nqb, 0, -1):
+            scan, scan_calls = q_walk(m, bm, kv0, kv_hi, q_len, kv_len, heads, rot, jump=False)
+            jumped, calls = q_walk(m, bm, kv0, kv_hi, q_len, kv_len, heads, rot)
+            assert jumped == scan, (m.expr, shape, j, rot)
+            assert calls <= scan_calls
+            for hg in range(heads):
+                for qb in range(nqb):
+                    rows = range(qb * bm, min(qb * bm + bm, q_len))
+                    if any(m.fn(0, hg, q, kv, q_len, kv_len) for q in rows for kv in range(kv0, kv_hi + 1)):
+                        assert (hg, qb) in jumped, (m.expr, shape, j, rot, hg, qb)
+
+
+def test_q_walk_jumps_over_the_causal_upper_triangle() -> None:
+    """N = 16k, 64-row query blocks, 128-key blocks: the scan classifies every query block above a causal K/V
+    block's diagonal (2 kv0 / 64 of them, up to 254); the jump classifies at most two tiles more than it visits."""
+    n, bm, bn = 16384, 64, 128
+    nqb = n // bm
+    for j in (1, 40, 127):
+        kv0 = j * bn
+        scan, scan_calls = q_walk(causal(), bm, kv0, kv0 + bn - 1, n, n, 1, j % nqb, jump=False)
+        jumped, calls = q_walk(causal(), bm, kv0, kv0 + bn - 1, n, n, 1, j % nqb)
+        assert jumped == scan and len(scan) == nqb - 2 * j
+        assert scan_calls == nqb and calls <= len(scan) + 2, (j, calls, len(scan))

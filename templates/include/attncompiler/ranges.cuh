@@ -1,5 +1,5 @@
 // attncompiler/ranges.cuh -- which K/V blocks a query tile visits (v2 and v3 forward, the v2 dQ
-// kernel, split-KV decode).
+// kernel, split-KV decode), and which query blocks a K/V tile visits (the v2 and v3 dK/dV kernels).
 //
 // A CTA walks the BN-key blocks [j_begin, j_end) that meet Variant::kv_range of its query rows (the
 // K/V range derived from the mask, attncompiler/ir/ranges.py; sound, so every block outside it is
@@ -98,5 +98,75 @@ struct KvWalk {
   }
   __device__ __forceinline__ bool valid(int j) const { return kDesc ? j >= j_begin : j < j_end; }
 };
+
+// The backward's walk over the (query head of the group, query block) pairs of one K/V block [kv0, kv_hi]:
+// position (hg, i) is query block (i + rot) mod nqb of head h_first + hg (rot >= 0), or block nqb - 1 - i
+// (rot < 0: descending). q_walk_skip moves (hg, i) to the first position at or after it whose tile tile_class
+// does not prove EMPTY (hg = G: none); q_walk_next does the same for the flat position it = hg * nqb + i
+// (G * nqb: none). Positions whose query block lies outside Variant::q_range of the K/V rows
+// (sound: no row outside it sees any of the keys, so every such tile is EMPTY) are jumped over without
+// classifying them -- a causal K/V block's walk otherwise classifies each of the ~2 kv0 / BM query blocks above
+// the diagonal in turn. The positions visited, and their order, are the same as a scan's.
+// (AC_Q_WALK_SCAN classifies every position: same-process A/B runs.)
+template <int BM>
+__device__ __forceinline__ void q_walk_skip(int& hg, int& i, int G, int nqb, int rot, int b, int h_first, int kv0,
+                                            int kv_hi, const AttnParams& p, const AttnBuffers& buf) {
+  if constexpr (Variant::kHasMask) {
+    auto block_of = [&](int pos) {
+      int qb = rot < 0 ? nqb - 1 - pos : pos + rot;
+      return qb >= nqb ? qb - nqb : qb;
+    };
+    while (hg < G) {
+      const int q0 = block_of(i) * BM;
+      if (Variant::tile_class(b, h_first + hg, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf) != AC_TILE_EMPTY)
+        return;
+      if (++i == nqb) {
+        ++hg;
+        i = 0;
+        continue;
+      }
+#ifndef AC_Q_WALK_SCAN
+      // An EMPTY tile: the head's query-block range says where the next candidate is. (Derived again at each
+      // EMPTY tile rather than kept per head: the consumer runs this walk with its accumulators live, where
+      // three more loop-carried registers made d = 64 with one consumer spill.)
+      int lo, hi;
+      Variant::q_range(b, h_first + hg, kv0, kv_hi, p, buf, lo, hi);
+      lo = max(lo, 0);
+      hi = min(hi, p.Nq - 1);
+      const int qb = block_of(i);
+      if (lo > hi) {  // no row sees these keys
+        ++hg;
+        i = 0;
+      } else if (qb * BM > hi || qb * BM + BM <= lo) {
+        // The in-range positions form one run taken mod nqb, from that of the first in-range block on; i lies
+        // outside it, so the next one is that start when i < it, and none of this head's otherwise.
+        int i_t = rot < 0 ? nqb - 1 - hi / BM : lo / BM - rot;
+        if (i_t < 0) i_t += nqb;
+        if (i < i_t) {
+          i = i_t;
+        } else {
+          ++hg;
+          i = 0;
+        }
+      }
+#endif
+    }
+  }
+}
+
+template <int BM>
+__device__ __forceinline__ int q_walk_next(int it, int G, int nqb, int rot, int b, int h_first, int kv0, int kv_hi,
+                                           const AttnParams& p, const AttnBuffers& buf) {
+  if constexpr (Variant::kHasMask) {
+    const int total = G * nqb;
+    if (it >= total) return it;
+    int hg = it / nqb;
+    int i = it - hg * nqb;
+    q_walk_skip<BM>(hg, i, G, nqb, rot, b, h_first, kv0, kv_hi, p, buf);
+    return hg < G ? hg * nqb + i : total;
+  } else {
+    return it;
+  }
+}
 
 }  // namespace ac

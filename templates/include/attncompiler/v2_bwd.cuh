@@ -46,6 +46,7 @@
 // backward are in v2_bwd_common.cuh.
 #pragma once
 
+#include "attncompiler/ranges.cuh"
 #include "attncompiler/v2_bwd_common.cuh"
 
 namespace ac {
@@ -329,17 +330,7 @@ __device__ __forceinline__ void v2_bwd_kv(const AttnParams& p, const AttnBwdPara
     h = h_kv * G + hg;
     q0 = qb * BM;
   };
-  auto next_it = [&](int it) {
-    if constexpr (Variant::kHasMask) {
-      while (it < total) {
-        int h, q0;
-        coords(it, h, q0);
-        if (Variant::tile_class(b, h, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf) != AC_TILE_EMPTY) break;
-        ++it;
-      }
-    }
-    return it;
-  };
+  auto next_it = [&](int it) { return q_walk_next<BM>(it, G, nqb, rot, b, h_kv * G, kv0, kv_hi, p, buf); };
   auto load_stage = [&](int it, unsigned int stage_off) {
     int h, q0;
     coords(it, h, q0);

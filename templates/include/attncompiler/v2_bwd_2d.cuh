@@ -102,14 +102,7 @@ __device__ __forceinline__ void v2_bwd_kv_2d(const AttnParams& p, const AttnBwdP
     return w;
   };
   auto skip_empty = [&](Walk w) {
-    if constexpr (Variant::kHasMask) {
-      while (w.hg < G) {
-        const int q0 = q0_of(w);
-        if (Variant::tile_class(b, h_kv * G + w.hg, q0, min(q0 + BM, p.Nq) - 1, kv0, kv_hi, p, buf) != AC_TILE_EMPTY)
-          break;
-        w = advance(w);
-      }
-    }
+    q_walk_skip<BM>(w.hg, w.j, G, nqb, rot, b, h_kv * G, kv0, kv_hi, p, buf);
     return w;
   };
   const T* gQh = reinterpret_cast<const T*>(p.q) + b * p.q_sb + (long long)h_kv * G * p.q_sh;

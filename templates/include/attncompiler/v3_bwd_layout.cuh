@@ -11,6 +11,7 @@
 // Requires: v3_sm90.cuh (TmaDesc), v3_rows.cuh; the walk also Variant, AttnParams, AttnBuffers.
 #pragma once
 
+#include "attncompiler/ranges.cuh"
 #include "attncompiler/v3_rows.cuh"
 
 namespace ac {
@@ -124,15 +125,7 @@ struct V3BwdWalk {
     q0 = qb * 64;
   }
   __device__ __forceinline__ int next(int it, const AttnParams& p, const AttnBuffers& buf) const {
-    if constexpr (Variant::kHasMask) {
-      while (it < total) {
-        int h, q0;
-        coords(it, h, q0);
-        if (Variant::tile_class(b, h, q0, min(q0 + 64, p.Nq) - 1, kv0, kv_hi, p, buf) != AC_TILE_EMPTY) break;
-        ++it;
-      }
-    }
-    return it;
+    return q_walk_next<64>(it, G, nqb, rot, b, h_kv * G, kv0, kv_hi, p, buf);
   }
 };
 
