@@ -107,10 +107,16 @@ struct KvWalk {
 // (sound: no row outside it sees any of the keys, so every such tile is EMPTY) are jumped over without
 // classifying them -- a causal K/V block's walk otherwise classifies each of the ~2 kv0 / BM query blocks above
 // the diagonal in turn. The positions visited, and their order, are the same as a scan's.
-// (AC_Q_WALK_SCAN classifies every position: same-process A/B runs.)
-template <int BM>
+// kJump false, or AC_Q_WALK_SCAN: every position classified (a walk run where registers are short; same-process A/B
+// runs).
+template <int BM, bool kJump = true>
 __device__ __forceinline__ void q_walk_skip(int& hg, int& i, int G, int nqb, int rot, int b, int h_first, int kv0,
                                             int kv_hi, const AttnParams& p, const AttnBuffers& buf) {
+#ifdef AC_Q_WALK_SCAN
+  constexpr bool kJumps = false;
+#else
+  constexpr bool kJumps = kJump;
+#endif
   if constexpr (Variant::kHasMask) {
     auto block_of = [&](int pos) {
       int qb = rot < 0 ? nqb - 1 - pos : pos + rot;
@@ -125,36 +131,36 @@ __device__ __forceinline__ void q_walk_skip(int& hg, int& i, int G, int nqb, int
         i = 0;
         continue;
       }
-#ifndef AC_Q_WALK_SCAN
-      // An EMPTY tile: the head's query-block range says where the next candidate is. (Derived again at each
-      // EMPTY tile rather than kept per head: the consumer runs this walk with its accumulators live, where
-      // three more loop-carried registers made d = 64 with one consumer spill.)
-      int lo, hi;
-      Variant::q_range(b, h_first + hg, kv0, kv_hi, p, buf, lo, hi);
-      lo = max(lo, 0);
-      hi = min(hi, p.Nq - 1);
-      const int qb = block_of(i);
-      if (lo > hi) {  // no row sees these keys
-        ++hg;
-        i = 0;
-      } else if (qb * BM > hi || qb * BM + BM <= lo) {
-        // The in-range positions form one run taken mod nqb, from that of the first in-range block on; i lies
-        // outside it, so the next one is that start when i < it, and none of this head's otherwise.
-        int i_t = rot < 0 ? nqb - 1 - hi / BM : lo / BM - rot;
-        if (i_t < 0) i_t += nqb;
-        if (i < i_t) {
-          i = i_t;
-        } else {
+      if constexpr (kJumps) {
+        // An EMPTY tile: the head's query-block range says where the next candidate is. (Derived again at each
+        // EMPTY tile rather than kept per head: the v3 consumer runs this walk with its accumulators live, and
+        // loop-carried registers cost more there than the few instructions of q_range.)
+        int lo, hi;
+        Variant::q_range(b, h_first + hg, kv0, kv_hi, p, buf, lo, hi);
+        lo = max(lo, 0);
+        hi = min(hi, p.Nq - 1);
+        const int qb = block_of(i);
+        if (lo > hi) {  // no row sees these keys
           ++hg;
           i = 0;
+        } else if (qb * BM > hi || qb * BM + BM <= lo) {
+          // The in-range positions form one run taken mod nqb, from that of the first in-range block on; i lies
+          // outside it, so the next one is that start when i lies before it, and none of this head's otherwise.
+          int i_t = rot < 0 ? nqb - 1 - hi / BM : lo / BM - rot;
+          if (i_t < 0) i_t += nqb;
+          if (i < i_t) {
+            i = i_t;
+          } else {
+            ++hg;
+            i = 0;
+          }
         }
       }
-#endif
     }
   }
 }
 
-template <int BM>
+template <int BM, bool kJump = true>
 __device__ __forceinline__ int q_walk_next(int it, int G, int nqb, int rot, int b, int h_first, int kv0, int kv_hi,
                                            const AttnParams& p, const AttnBuffers& buf) {
   if constexpr (Variant::kHasMask) {
@@ -162,7 +168,7 @@ __device__ __forceinline__ int q_walk_next(int it, int G, int nqb, int rot, int 
     if (it >= total) return it;
     int hg = it / nqb;
     int i = it - hg * nqb;
-    q_walk_skip<BM>(hg, i, G, nqb, rot, b, h_first, kv0, kv_hi, p, buf);
+    q_walk_skip<BM, kJump>(hg, i, G, nqb, rot, b, h_first, kv0, kv_hi, p, buf);
     return hg < G ? hg * nqb + i : total;
   } else {
     return it;

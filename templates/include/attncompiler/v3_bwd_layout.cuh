@@ -124,8 +124,10 @@ struct V3BwdWalk {
     h = h_kv * G + hg;
     q0 = qb * 64;
   }
+  // kJump: q_walk_skip's jumps over the positions outside q_range (the same positions as without them)
+  template <bool kJump = true>
   __device__ __forceinline__ int next(int it, const AttnParams& p, const AttnBuffers& buf) const {
-    return q_walk_next<64>(it, G, nqb, rot, b, h_kv * G, kv0, kv_hi, p, buf);
+    return q_walk_next<64, kJump>(it, G, nqb, rot, b, h_kv * G, kv0, kv_hi, p, buf);
   }
 };
 
