@@ -8,7 +8,8 @@ Each kernel runs for ``--seconds`` while ``nvidia-smi`` samples the SM clock and
 short K/V loop without a mask), with the window's time and its cycles (time x clock) over full attention's,
 per visible pair.  ``variants``: plain and softcap at d = 64 and 128 (N = 16k, H*d = 2048), softcap over plain
 in time and in cycles.  ``poly``: softcap with 0 / 1 / 2 (d = 128) and 0 / 4 / 6 (d = 64) of every 8 exponentials on
-the FMA pipes, in time and in cycles.
+the FMA pipes, in time and in cycles.  ``cudnn``: dense attention over Nk = 1152 keys per pair over full attention,
+ours beside SDPA cuDNN's.
 
 Why: on the H100 every one of these kernels draws the board's power limit, so the clock, not the kernel,
 gives way (docs/perf-notes.md, thirteenth session).  A kernel that stalls more gets a higher clock, so a
@@ -34,18 +35,32 @@ def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float, **opti
     import attncompiler as ac
 
     kern = ac.compile(spec, "v3", **options)
+    q, k, v = _inputs(d, nq, nk)
+    out = torch.empty_like(q)
+    return measure(name, lambda: kern(q, k, v, out=out), seconds)
+
+
+def _inputs(d: int, nq: int, nk: int) -> tuple:
+    import torch
+
     heads = 2048 // d
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, heads, nq, d, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(1, heads, nk, d, device="cuda", generator=g).bfloat16() for _ in range(2))
-    out = torch.empty_like(q)
+    return q, k, v
+
+
+def measure(name: str, fn, seconds: float) -> tuple[float, float, float]:
+    """(ms per call, median SM clock in MHz, median board power in W) of ``fn()`` run back to back."""
+    import torch
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(10):
-        kern(q, k, v, out=out)
+        fn()
     torch.cuda.synchronize()
     start.record()
     for _ in range(20):
-        kern(q, k, v, out=out)
+        fn()
     end.record()
     torch.cuda.synchronize()
     reps = max(1, int(seconds / (start.elapsed_time(end) / 20 * 1e-3)))
@@ -53,7 +68,7 @@ def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float, **opti
     time.sleep(0.3)
     start.record()
     for _ in range(reps):
-        kern(q, k, v, out=out)
+        fn()
     end.record()
     torch.cuda.synchronize()
     smi.terminate()
@@ -65,6 +80,36 @@ def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float, **opti
     print(f"{name:22s} {ms:8.4f} ms/call   SM clock {clock:6.0f} MHz   power {power:5.0f} W   ({len(rows)} samples)",
           flush=True)
     return ms, clock, power
+
+
+def cudnn_set(seconds: float) -> None:
+    """The short K/V loop's cost per pair, ours beside SDPA cuDNN's: dense attention over Nk = 1152 keys (the window
+    1024's tile span) over full attention at N = 16k, in time and in cycles (d = 128). Is what cuDNN saves on short
+    tiles energy (its clock stays) or cycles (its clock rises less)?"""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attncompiler.spec import presets
+
+    n, nk = 16384, 1152
+    plain = presets.get_preset("plain", head_dim=128)
+    res = {}
+    for who in ("v3", "cuDNN"):
+        for label, kv in (("full", n), ("dense 1152", nk)):
+            if who == "v3":
+                res[(who, label)] = run_kernel(f"{who} {label}", plain, 128, n, kv, seconds)
+            else:
+                q, k, v = _inputs(128, n, kv)
+
+                def fn(q=q, k=k, v=v) -> torch.Tensor:
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                        return F.scaled_dot_product_attention(q, k, v)
+
+                res[(who, label)] = measure(f"{who} {label}", fn, seconds)
+        (tf, cf, _), (td, cd, _) = res[(who, "full")], res[(who, "dense 1152")]
+        print(f"  {who}: dense Nk = 1152 per pair over full: time {td / tf * n / nk:.3f}x, cycles "
+              f"{td * cd / (tf * cf) * n / nk:.3f}x", flush=True)
 
 
 def window_set(seconds: float) -> None:
@@ -112,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="time each kernel runs while sampled (default 3)")
     ap.add_argument("--rounds", type=int, default=2, help="repeat the set (default 2)")
-    ap.add_argument("--set", choices=("window", "variants", "poly", "all"), default="all")
+    ap.add_argument("--set", choices=("window", "variants", "poly", "cudnn", "all"), default="all")
     args = ap.parse_args(argv)
     import torch
 
@@ -127,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             variants_set(args.seconds)
         if args.set in ("poly", "all"):
             poly_set(args.seconds)
+        if args.set in ("cudnn", "all"):
+            cudnn_set(args.seconds)
     return 0
 
 
