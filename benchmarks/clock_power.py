@@ -77,7 +77,7 @@ def measure(name: str, fn, seconds: float) -> tuple[float, float, float]:
     clock = statistics.median(float(r[0]) for r in rows)
     power = statistics.median(float(r[1]) for r in rows)
     ms = start.elapsed_time(end) / reps
-    print(f"{name:22s} {ms:8.4f} ms/call   SM clock {clock:6.0f} MHz   power {power:5.0f} W   ({len(rows)} samples)",
+    print(f"{name:26s} {ms:8.4f} ms/call   SM clock {clock:6.0f} MHz   power {power:5.0f} W   ({len(rows)} samples)",
           flush=True)
     return ms, clock, power
 
@@ -95,10 +95,11 @@ def cudnn_set(seconds: float) -> None:
     n, nk = 16384, 1152
     plain = presets.get_preset("plain", head_dim=128)
     res = {}
-    for who in ("v3", "cuDNN"):
+    for who in ("v3", "v3 persistent", "cuDNN"):
         for label, kv in (("full", n), ("dense 1152", nk)):
-            if who == "v3":
-                res[(who, label)] = run_kernel(f"{who} {label}", plain, 128, n, kv, seconds)
+            if who.startswith("v3"):
+                opts = {"persistent": True} if who.endswith("persistent") else {}
+                res[(who, label)] = run_kernel(f"{who} {label}", plain, 128, n, kv, seconds, **opts)
             else:
                 q, k, v = _inputs(128, n, kv)
 
