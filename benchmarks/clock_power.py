@@ -28,13 +28,19 @@ def _sampler() -> subprocess.Popen:
                              "-lms", "50"], stdout=subprocess.PIPE, text=True)
 
 
-def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float, **options) -> tuple[float, float, float]:
-    """(ms per call, median SM clock in MHz, median board power in W) of ``spec``'s v3 kernel (plan ``options``)."""
+def run_kernel(name: str, spec, d: int, nq: int, nk: int, seconds: float, define: str | None = None,
+               **options) -> tuple[float, float, float]:
+    """(ms per call, median SM clock in MHz, median board power in W) of ``spec``'s v3 kernel (plan ``options``;
+    ``define``: compiled with ``#define define 1`` in front, as v3_sweep.py's ``define=``)."""
     import torch
 
     import attncompiler as ac
 
     kern = ac.compile(spec, "v3", **options)
+    if define:
+        from v3_sweep import with_define
+
+        kern = with_define(kern, define)
     q, k, v = _inputs(d, nq, nk)
     out = torch.empty_like(q)
     return measure(name, lambda: kern(q, k, v, out=out), seconds)
@@ -95,11 +101,15 @@ def cudnn_set(seconds: float) -> None:
     n, nk = 16384, 1152
     plain = presets.get_preset("plain", head_dim=128)
     res = {}
-    for who in ("v3", "v3 persistent", "cuDNN"):
+    # "no O store": timing-only, the epilogue's global O stores compiled out (AC_V3_NO_O_STORE): what an
+    # asynchronous epilogue could save at most
+    ours = {"v3": {}, "v3 persistent": {"persistent": True},
+            "v3 no O store": {"define": "AC_V3_NO_O_STORE"},
+            "v3 persistent no O store": {"persistent": True, "define": "AC_V3_NO_O_STORE"}}
+    for who in (*ours, "cuDNN"):
         for label, kv in (("full", n), ("dense 1152", nk)):
-            if who.startswith("v3"):
-                opts = {"persistent": True} if who.endswith("persistent") else {}
-                res[(who, label)] = run_kernel(f"{who} {label}", plain, 128, n, kv, seconds, **opts)
+            if who in ours:
+                res[(who, label)] = run_kernel(f"{who} {label}", plain, 128, n, kv, seconds, **ours[who])
             else:
                 q, k, v = _inputs(128, n, kv)
 
