@@ -2,8 +2,8 @@
 include/attncompiler/v3_fwd.cuh, v3_consumer.cuh, v3_epilogue.cuh, v3_sm90.cuh; v3_trace.cuh: the phase marks).
 
 Besides ``(AttnParams, AttnBuffers)`` the kernel takes a third by-value argument, ``struct V3Maps``:
-the TMA tensor maps of q, k and v, built per call by :meth:`V3Schedule.launch_forward`
-(:mod:`attncompiler.runtime.tma`).
+the TMA tensor maps of q, k and v (``struct V3MapsO`` with the plan option ``tma_store_o``: and o), built per
+call by :meth:`V3Schedule.launch_forward` (:mod:`attncompiler.runtime.tma`).
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ class V3Schedule:
             score_skip=plan.score_skip,
             q_prescale=plan.q_prescale,
             late_pv_wait=plan.late_pv_wait,
+            tma_store_o=plan.tma_store_o,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )
@@ -89,7 +90,8 @@ class V3Schedule:
     def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
                        device: torch.device) -> None:
         """Launch with the third by-value argument ``struct V3Maps``: TMA maps of q (boxes of BLOCK_M
-        rows), k and v (BLOCK_N rows), built from the packed pointers and strides."""
+        rows), k and v (BLOCK_N rows), built from the packed pointers and strides; with ``tma_store_o``
+        ``struct V3MapsO``, o's map too (boxes of 64 rows: one consumer warpgroup's)."""
         from ..runtime.compiler import compile_kernel
         from ..runtime.launch import launch_structs
         from ..runtime.tma import attn_maps
@@ -98,7 +100,8 @@ class V3Schedule:
         fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
         if fn is None:
             fn = _loaded.setdefault((ks, idx), compile_kernel(ks.source, ks.arch, idx, ks.entry))
-        maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n)
+        maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n,
+                         with_o=ks.plan.tma_store_o)
         grid = self.grid(ks, dims, _sm_count(idx) if ks.plan.persistent else None)
         launch_structs(fn.ptr, grid, ks.threads, ks.smem_bytes, (params, buffers, maps), device)
 

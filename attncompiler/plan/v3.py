@@ -114,7 +114,7 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait")
+              "q_prescale", "late_pv_wait", "tma_store_o")
 #: ``late_pv_wait``: in a kernel with one softmax copy (a mask, or ALiBi below d = 256: the branch around the mask
 #: pass only) ptxas hoists the main loop's wait for the previous block's P V from below the softmax to the mask
 #: pass's merge point, above the row maxima and exponentials, so the softmax never runs under that GEMM (SASS, nvcc
@@ -160,13 +160,15 @@ class V3Plan(Plan):
     score_skip: bool = False
     q_prescale: bool = False
     late_pv_wait: bool = False
+    tma_store_o: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
         """The plan options that reproduce this plan (``plan_v3(ir, target, **p.options)``)."""
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
-                "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait}
+                "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
+                "tma_store_o": self.tma_store_o}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -174,7 +176,8 @@ class V3Plan(Plan):
             f"{self.consumers} consumer warpgroup{'s' if self.consumers > 1 else ''} (wgmma, setmaxnreg "
             f"{self.consumer_regs}); "
             f"{self.stages} K/V stages; "
-            f"{f'persistent grid ({self.ctas_per_sm} CTA(s) per SM)' if self.persistent else 'one CTA per tile'}",
+            f"{f'persistent grid ({self.ctas_per_sm} CTA(s) per SM)' if self.persistent else 'one CTA per tile'}"
+            f"{'; O written by TMA stores from an O tile' if self.tma_store_o else ''}",
             f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
@@ -196,13 +199,14 @@ def v3_head_dim_error(d: int, dv: int) -> str | None:
             f"Q K^T, wgmma N), got {', '.join(bad)}")
 
 
-def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2) -> int:
-    """Q tile + STAGES x (K + V) tiles + mbarriers + the tile word + the 1024-byte alignment slack (as V3Layout);
-    head dims count whole 64-column boxes (:func:`v3_padded`)."""
+def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2,
+                  o_tile: bool = False) -> int:
+    """Q tile + STAGES x (K + V) tiles [+ the O tile of ``tma_store_o``] + mbarriers + the tile word + the
+    1024-byte alignment slack (as V3Layout); head dims count whole 64-column boxes (:func:`v3_padded`)."""
     n_bars = 2 + 4 * stages
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
-    return (SMEM_ALIGN_SLACK + eb * (block_m * dp + stages * block_n * (dp + dvp)) + MBARRIER_BYTES * n_bars
-            + TILE_WORD_BYTES)
+    return (SMEM_ALIGN_SLACK + eb * (block_m * dp + stages * block_n * (dp + dvp) + (block_m * dvp if o_tile else 0))
+            + MBARRIER_BYTES * n_bars + TILE_WORD_BYTES)
 
 
 def v3_smem_limit(target: Target, ctas_per_sm: int) -> int:
@@ -268,7 +272,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
             persistent: bool | None = None, exp2_poly: int | None = None,
             kv_descending: bool | None = None, score_skip: bool | None = None,
-            q_prescale: bool | None = None, late_pv_wait: bool | None = None) -> V3Plan:
+            q_prescale: bool | None = None, late_pv_wait: bool | None = None,
+            tma_store_o: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -276,7 +281,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     of the score matrix than the two-consumer tile (:func:`attncompiler.plan.band.band_block_m_64`)."""
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
-                              late_pv_wait=late_pv_wait)
+                              late_pv_wait=late_pv_wait, tma_store_o=tma_store_o)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -298,7 +303,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              stages: int | None = None, block_m: int | None = None, num_warps: int | None = None,
              persistent: bool | None = None, exp2_poly: int | None = None,
              kv_descending: bool | None = None, score_skip: bool | None = None,
-             q_prescale: bool | None = None, late_pv_wait: bool | None = None) -> V3Plan:
+             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
+             tma_store_o: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -346,6 +352,12 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     if stages is not None and not 1 <= int(stages) <= MAX_STAGES:
         raise PlanError(f"v3: expected stages in 1..{MAX_STAGES}, got {stages}")
     stage_choices = (int(stages),) if stages is not None else tuple(range(MAX_STAGES, MIN_STAGES - 1, -1))
+    if tma_store_o is not None and not isinstance(tma_store_o, bool):
+        raise PlanError(f"v3: expected tma_store_o a bool, got {tma_store_o!r}")
+    if tma_store_o and not persistent:
+        raise PlanError(f"v3: expected tma_store_o with persistent=True (the persistent grid's epilogue), got "
+                        f"persistent={persistent!r}")
+    o_tile = bool(tma_store_o)
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout, the polynomial exponentials or a mask reading buffers: at most PREFERRED_BLOCK_N_DROPOUT (d=64
@@ -375,17 +387,17 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
             rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']} + {REG_SLACK_MULTI_CTA} registers per "
                             f"thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
             continue
-        fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb) <= limit]
+        fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
         if not fits:
             st = stage_choices[-1]
-            rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb)} B with {st} stage(s) > "
+            rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile)} B with {st} stage(s) > "
                             f"{limit} B {per_block}")
             continue
         st = fits[0]
         if stages is None and st < MAX_STAGES:
-            more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb)
+            more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile)
             rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
-        chosen = (bn, v3_smem_bytes(bm, bn, d, dv, st, eb), regs, st)
+        chosen = (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile), regs, st)
         break
     if chosen is None:
         raise PlanError(f"no feasible v3 plan on {t.name} (D={d}, DV={dv}, stages={stages}): " + "; ".join(rejected))
@@ -411,7 +423,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
          f"BLOCK_N = {bn}: the widest multiple of 16 <= the preferred {pref} for max(D, DV) = {max(d, dv)}"
           f"{pref_why} that fits"),
         reg_line,
-        f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})) + {MBARRIER_BYTES}*"
+        f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})"
+        f"{f' + {bm}*{dvp} (the O tile)' if o_tile else ''}) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
@@ -473,6 +486,10 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         reasons.append(f"the previous block's P V waited for where ptxas puts it (late_pv_wait off: DV = {dv} < "
                        f"{min_name} = {min_dv}, where it measured flat or slower)"
                        if late_pv_wait is None else "late_pv_wait off (forced)")
+    if o_tile:
+        reasons.append("O written by TMA stores (tma_store_o): each consumer warpgroup stages its rows of O in an O "
+                       "tile of its own and one thread stores them per 64-column box; the next tile's Q lands "
+                       "meanwhile, and only the next staging waits for the stores to have read the tile")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} " + ("(the band mask's width, above)" if band is not None else
                        "(S and P registers beside O; FlashAttention-3's tile widths for this head dim)"))
@@ -483,7 +500,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         est_registers_per_thread=consumer_regs if ctas == 1 else reg_cap,
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
-        kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late,
+        kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
     )
 
 

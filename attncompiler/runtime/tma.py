@@ -16,7 +16,7 @@ from typing import Any
 from .launch import InputError
 
 __all__ = ["TmaMap", "encode_attn_map", "tma_maps_struct", "maps_struct", "attn_maps", "TMA_BOX_COLS", "TmaError",
-           "tma_layout_error"]
+           "tma_layout_error", "O_BOX_ROWS"]
 
 TMA_BOX_COLS = 64  # 64 x 2 bytes = 128 bytes: the inner box extent SWIZZLE_128B allows
 
@@ -161,11 +161,20 @@ def maps_struct(entries: tuple[tuple[str, int, tuple, tuple, str, int], ...]) ->
     return s
 
 
-def attn_maps(params: ctypes.Structure, dims, dtype: str, box_q: int, box_kv: int) -> ctypes.Structure:
-    """``struct V3Maps`` (q, k, v) from packed AttnParams (pointers, element strides) and sizes."""
+#: rows of the o map's box (``attn_maps(with_o=True)``): one consumer warpgroup's rows, the TMA stores' unit
+O_BOX_ROWS = 64
+
+
+def attn_maps(params: ctypes.Structure, dims, dtype: str, box_q: int, box_kv: int,
+              with_o: bool = False) -> ctypes.Structure:
+    """``struct V3Maps`` (q, k, v) from packed AttnParams (pointers, element strides) and sizes; ``with_o``:
+    ``struct V3MapsO`` (q, k, v, o; o in boxes of :data:`O_BOX_ROWS` rows)."""
     P = params
-    return maps_struct((
+    entries = (
         ("q", P.q, (dims.B, dims.H, dims.Nq, dims.D), (P.q_sb, P.q_sh, P.q_sn), dtype, box_q),
         ("k", P.k, (dims.B, dims.H_kv, dims.Nk, dims.D), (P.k_sb, P.k_sh, P.k_sn), dtype, box_kv),
         ("v", P.v, (dims.B, dims.H_kv, dims.Nk, dims.DV), (P.v_sb, P.v_sh, P.v_sn), dtype, box_kv),
-    ))
+    )
+    if with_o:
+        entries += (("o", P.o, (dims.B, dims.H, dims.Nq, dims.DV), (P.o_sb, P.o_sh, P.o_sn), dtype, O_BOX_ROWS),)
+    return maps_struct(entries)

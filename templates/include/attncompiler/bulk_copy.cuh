@@ -1,5 +1,7 @@
-// attncompiler/bulk_copy.cuh -- sm_90+ non-tensor bulk copies (cp.async.bulk, global -> shared) that
-// complete on a shared-memory mbarrier, and the mbarrier operations they need.
+// attncompiler/bulk_copy.cuh -- sm_90+ bulk copies: non-tensor (cp.async.bulk, global -> shared) and
+// tensor-map (cp.async.bulk.tensor) loads that complete on a shared-memory mbarrier, the mbarrier
+// operations they need, and tensor-map stores (shared -> global) that complete in this thread's bulk
+// groups (bulk_commit, bulk_wait_read_all, bulk_wait_all; also the backward's bulk reductions).
 //
 // Used by the decode split kernel's "bulk" K/V loader (decode.cuh): one warp issues one bulk copy
 // per K row and per V row of a tile; every thread waits on the stage's mbarrier. Its "tma" loader
@@ -84,6 +86,37 @@ __device__ __forceinline__ void bulk_tensor_g2s_4d(unsigned int dst, const Desc*
       "[%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+
+// A 4-d box of the tensor map `desc` from shared memory at `src` (laid out as a loaded box: aligned and
+// swizzled as the map says) to global memory, in this thread's current bulk group (bulk_commit closes
+// it). Box elements outside the tensor are not written. Before the call, the shared-memory writes of
+// every thread that staged the box must be fenced to the async proxy (bulk_fence_proxy_async_smem, each
+// writing thread) and ordered by a barrier before the issuing thread's copy.
+template <class Desc>
+__device__ __forceinline__ void bulk_tensor_s2g_4d(const Desc* desc, int c0, int c1, int c2, int c3, unsigned int src) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<unsigned long long>(desc)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+
+// Bulk groups of this thread (per thread: the thread that issued the copies waits for them).
+// Close the current group.
+template <int = 0>
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Wait until every committed group has finished reading its shared-memory source (it may be rewritten).
+template <int = 0>
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Wait until every committed group is complete (its global writes done).
+template <int = 0>
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // Fetch the tensor map `desc` into the descriptor cache ahead of its first copy.

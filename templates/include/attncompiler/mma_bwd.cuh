@@ -15,6 +15,8 @@
 //   cp_async_16 ...      (mma.cuh)
 #pragma once
 
+#include "attncompiler/bulk_copy.cuh"
+
 namespace ac {
 
 __device__ __forceinline__ void st_shared_u32(unsigned int addr, unsigned int v) {
@@ -49,9 +51,7 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, unsigned int ss
                "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// (bulk_commit, bulk_wait_read_all, bulk_wait_all: bulk_copy.cuh)
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

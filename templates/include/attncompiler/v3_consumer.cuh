@@ -12,6 +12,10 @@ namespace ac {
 struct V3Maps {
   TmaDesc q, k, v;  // 4-d tensor maps (head dim, seqlen, heads, batch) of q, k, v
 };
+// Cfg::TMA_STORE_O: the output's map too, boxes of 64 columns x 64 rows (one consumer warpgroup's rows)
+struct V3MapsO {
+  TmaDesc q, k, v, o;
+};
 
 template <class Cfg>
 struct V3Layout {
@@ -32,7 +36,10 @@ struct V3Layout {
   static constexpr int kKBytes = BN * DB * 128;
   static constexpr int kVBytes = BN * DVB * 128;
   static constexpr int kStageBytes = kKBytes + kVBytes;
-  static constexpr int kBarOffset = kQBytes + STAGES * kStageBytes;
+  // Cfg::TMA_STORE_O: the O tile the epilogue stages for its TMA stores, after the K/V ring (DVB boxes of BM rows)
+  static constexpr int kOOffset = kQBytes + STAGES * kStageBytes;
+  static constexpr int kOBytes = Cfg::TMA_STORE_O ? BM * DVB * 128 : 0;
+  static constexpr int kBarOffset = kOOffset + kOBytes;
   static constexpr int kNumBars = 2 + 4 * STAGES;
   static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
   static constexpr int kTileWordBytes = 8;           // after the barriers: the walk's first block (SCORE_SKIP)
@@ -47,7 +54,9 @@ struct V3Layout {
   static_assert(BM == 64 * NC && NC >= 1 && NC <= 3, "each consumer warpgroup owns 64 query rows (1..3 of them)");
   static_assert(STAGES >= 1 && STAGES <= 4, "K/V stages");
   static_assert(Cfg::EXP2_POLY >= 0 && Cfg::EXP2_POLY <= 8, "EXP2_POLY: polynomial exponentials per 8 n8 tiles");
-  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "1024-byte aligned tiles");
+  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kOBytes % 1024 == 0,
+                "1024-byte aligned tiles");
+  static_assert(!Cfg::TMA_STORE_O || Cfg::PERSISTENT, "the O tile's TMA stores are the persistent grid's epilogue");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };
 

@@ -1,10 +1,12 @@
 // attncompiler/v3_epilogue.cuh -- a v3 forward consumer warpgroup's own rows of the Q tile on the way in
 // (v3_scale_q: Q pre-scaled for a score_mod G(c * s), Cfg::Q_PRESCALE) and of O on the way out (v3_epilogue:
-// O / l and the LSE, staged through the Q tile's shared memory), and the named barriers both share with the
-// ping-pong. v3_fwd.cuh drives them and documents the shared-memory layout.
+// O / l and the LSE, staged through the Q tile's shared memory; v3_epilogue_tma: the persistent grid's,
+// staged in an O tile of its own and written by TMA stores, Cfg::TMA_STORE_O), and the named barriers they
+// share with the ping-pong. v3_fwd.cuh drives them and documents the shared-memory layout.
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; v3_consumer.cuh
-// (V3Layout, V3Consumer), v3_sm90.cuh (named_bar_sync), v3_trace.cuh (AC_TRACE).
+// (V3Layout, V3Consumer), v3_sm90.cuh (named_bar_sync; it includes bulk_copy.cuh: the TMA stores and bulk
+// groups), v3_trace.cuh (AC_TRACE).
 #pragma once
 
 namespace ac {
@@ -50,15 +52,63 @@ __device__ __forceinline__ void v3_scale_q(unsigned int sQ, int wg, float c) {
   named_bar_sync(kEpilogueBar + wg, 128);
 }
 
+// The row statistics' end: 1/l of this thread's two rows (0 for a row with no visible key) in inv, and the
+// LSE of its rows < Nq to p.lse (when asked for).
+template <class Cfg>
+__device__ __forceinline__ void v3_row_finish(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
+                                              int row0, int b, int h, int bh, float (&inv)[2]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = st.row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // a row with no visible key has l = 0 (exp2(-inf) is 0 on MUFU and in ac_exp2_poly) and, without a
+    // fixed offset, m = -inf
+    const bool seen = l > 0.f && st.row_max[hf] != AC_NEG_INF;
+    inv[hf] = seen ? 1.f / l : 0.f;
+    const int r = row0 + g + 8 * hf;
+    if (p.lse != nullptr && t == 0 && r < p.Nq) {
+      float m = st.row_max[hf];
+      if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
+        m += Variant::score_sep_row(b, h, r, row0, p, buf);  // the row term the softmax dropped
+      }
+      p.lse[(long long)bh * p.Nq + r] = seen ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
+    }
+  }
+}
+
+// This thread's fragments of O / l, as 16-bit pairs, into the warpgroup's 64 rows of a staging tile in
+// the layout of a loaded TMA box: box c (64 columns) at sO + c * BM * 128, row r at r * 128, its 16-byte
+// chunk k at k ^ (r & 7) (the 128-byte swizzle; sO is 1024-byte aligned), so the 4-byte stores of a warp
+// hit 32 distinct banks.
+template <class Cfg>
+__device__ __forceinline__ void v3_stage_o(V3Consumer<Cfg>& st, unsigned int sO, const float (&inv)[2]) {
+  using L = V3Layout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = 16 * ((threadIdx.x >> 5) & 3) + g + 8 * hf;  // row within the warpgroup's 64
+#pragma unroll
+    for (int nt = 0; nt < L::NO / 4; ++nt) {
+      const unsigned int addr = sO + (nt / 8) * L::BM * 128 + r * 128 + (((nt % 8) ^ (r & 7)) << 4) + 4 * t;
+      const unsigned int v = Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv[hf], st.acc_o[4 * nt + 2 * hf + 1] * inv[hf]);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+    }
+  }
+}
+
 // The epilogue of one consumer warpgroup: O / l to global memory, and the LSE.
 // Staged (non-persistent kernels with DV <= D and 16-byte aligned output rows): the warpgroup's
 // fragments go to its own 64 rows of the Q tile -- free once its last S GEMM is done, and never
-// reloaded without PERSISTENT -- in Q's layout (64-column boxes, 16-byte chunks swizzled by the row:
-// chunk k of row r at k ^ (r & 7), so the 4-byte fragment stores of a warp hit 32 distinct banks),
-// then each thread copies 16-byte chunks, consecutive threads along a row, to global memory. A warp
-// store then covers 512 contiguous bytes instead of 8 rows x 16 bytes: 4 cache lines instead of 8 per
-// instruction, at an eighth of the store instructions (benchmarks/v3_trace.py measured the direct
-// stores at 1.5 us per tile on the H100).
+// reloaded without PERSISTENT -- in Q's layout (v3_stage_o), then each thread copies 16-byte chunks,
+// consecutive threads along a row, to global memory. A warp store then covers 512 contiguous bytes
+// instead of 8 rows x 16 bytes: 4 cache lines instead of 8 per instruction, at an eighth of the store
+// instructions (benchmarks/v3_trace.py measured the direct stores at 1.5 us per tile on the H100).
+// The persistent grid stages through its own O tile instead: v3_epilogue_tma (Cfg::TMA_STORE_O).
 template <class Cfg>
 __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
                                             unsigned int sQ, int wg, int row0, int wq_lo, int b, int h, int bh,
@@ -70,25 +120,7 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
   const int g = lane >> 2, t = lane & 3;
   ac_elem_t* gO = reinterpret_cast<ac_elem_t*>(p.o) + b * p.o_sb + h * p.o_sh;
   float inv[2];
-  bool seen[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float l = st.row_sum[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    // a row with no visible key has l = 0 (exp2(-inf) is 0 on MUFU and in ac_exp2_poly) and, without a
-    // fixed offset, m = -inf
-    seen[hf] = l > 0.f && st.row_max[hf] != AC_NEG_INF;
-    inv[hf] = seen[hf] ? 1.f / l : 0.f;
-    const int r = row0 + g + 8 * hf;
-    if (p.lse != nullptr && t == 0 && r < p.Nq) {
-      float m = st.row_max[hf];
-      if constexpr (Variant::kHasScoreMod && Variant::kScoreSeparable) {
-        m += Variant::score_sep_row(b, h, r, row0, p, buf);  // the row term the softmax dropped
-      }
-      p.lse[(long long)bh * p.Nq + r] = seen[hf] ? (m + __log2f(l)) * AC_LN2 : AC_NEG_INF;
-    }
-  }
+  v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
   AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);
   constexpr bool kCanStage = !Cfg::PERSISTENT && L::DVB <= L::DB;  // O's boxes fit in Q's
   const bool staged = kCanStage && ((reinterpret_cast<unsigned long long>(gO) | (unsigned long long)(p.o_sn * 2)) & 15) == 0;
@@ -96,16 +128,7 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
     // this warpgroup's rows of the Q tile: box c at sQ + c * BM * 128, its row r at (64 wg + r) * 128
     const unsigned int sO = sQ + wg * 64 * 128;
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // wgmma (async proxy) read Q here
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = 16 * ((threadIdx.x >> 5) & 3) + g + 8 * hf;  // row within the warpgroup's 64
-#pragma unroll
-      for (int nt = 0; nt < NO / 4; ++nt) {
-        const unsigned int addr = sO + (nt / 8) * L::BM * 128 + r * 128 + (((nt % 8) ^ (r & 7)) << 4) + 4 * t;
-        const unsigned int v = Tr::pack2(st.acc_o[4 * nt + 2 * hf] * inv[hf], st.acc_o[4 * nt + 2 * hf + 1] * inv[hf]);
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-      }
-    }
+    v3_stage_o<Cfg>(st, sO, inv);
     AC_TRACE(trace_tile, kTraceEpiSts, threadIdx.x == 128);
     named_bar_sync(kEpilogueBar + wg, 128);
     AC_TRACE(trace_tile, kTraceEpiBar, threadIdx.x == 128);
@@ -148,6 +171,41 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
       }
     }
   }
+}
+
+// The persistent grid's epilogue with Cfg::TMA_STORE_O: the warpgroup stages O / l in its 64 rows of the
+// O tile (sOt: V3Layout::kOOffset, its own buffer, so the next tile's Q can land meanwhile) and its first
+// thread writes them with one TMA store per 64-column box of the o map (omap: boxes of 64 x 64; rows >= Nq
+// and columns >= DV lie outside the tensor, and the copy engine drops them). The stores run on while the
+// warpgroup starts its next tile. Before the staging rewrites the rows, the same thread waits until the
+// previous tile's stores have read them (bulk groups are per thread), and the warpgroup's barrier passes
+// that on; the kernel's end waits for completion (v3_fwd). Order of one tile:
+//   LSE, 1/l | leader: wait reads | barrier | stage O / l, fence to the async proxy | barrier | leader: stores
+template <class Cfg, class Desc>
+__device__ __forceinline__ void v3_epilogue_tma(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
+                                                unsigned int sOt, const Desc* omap, int wg, int row0, int wq_lo,
+                                                int b, int h, int bh, int trace_tile) {
+  using L = V3Layout<Cfg>;
+  static_assert(Cfg::TMA_STORE_O && L::kOBytes == L::BM * L::DVB * 128, "the O tile");
+  float inv[2];
+  v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
+  AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);
+  const bool leader = (threadIdx.x & 127) == 0;
+  if (leader) bulk_wait_read_all();  // the previous tile's stores have read these rows
+  named_bar_sync(kEpilogueBar + wg, 128);
+  const unsigned int sO = sOt + wg * 64 * 128;  // 1024-byte aligned: the swizzle's rows are the box's
+  v3_stage_o<Cfg>(st, sO, inv);
+  bulk_fence_proxy_async_smem();  // each thread's st.shared before the copy engine's reads
+  AC_TRACE(trace_tile, kTraceEpiSts, threadIdx.x == 128);
+  named_bar_sync(kEpilogueBar + wg, 128);
+  AC_TRACE(trace_tile, kTraceEpiBar, threadIdx.x == 128);
+#ifndef AC_V3_NO_O_STORE
+  if (leader && wq_lo < p.Nq) {
+#pragma unroll
+    for (int c = 0; c < L::DVB; ++c) bulk_tensor_s2g_4d(omap, c * 64, wq_lo, h, b, sO + c * L::BM * 128);
+    bulk_commit();
+  }
+#endif
 }
 
 }  // namespace ac

@@ -32,6 +32,8 @@
 // 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
 //   Q: ceil(D/64) boxes of BLOCK_M rows | per stage: K (ceil(D/64) boxes of BLOCK_N rows), V (ceil(DV/64)
 //   boxes) | (a head dim that is not a multiple of 64 leaves its last box's upper columns zero-filled)
+//   | TMA_STORE_O (persistent only): the O tile, ceil(DV/64) boxes of BLOCK_M rows, each consumer warpgroup's
+//   64 rows staged by it for its TMA stores (v3_epilogue_tma) |
 //   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free | the tile word.
 // wgmma operands: Q and K are K-major (the head dim is contiguous; descriptor SBO = 1024 between
 // 8-row groups, a k16 step advances the start address 32 bytes inside the 128-byte row); V is
@@ -44,8 +46,9 @@
 // BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
 // tiles of S, how many take their exponentials on the FMA pipes: 0..8), KV_DESCENDING (the walk's
 // order), SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin) and Q_PRESCALE
-// (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q) and VARLEN (packed sequences:
-// TMA rows offset by the sequence's first row, V3Rows).
+// (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q), VARLEN (packed sequences:
+// TMA rows offset by the sequence's first row, V3Rows) and TMA_STORE_O (the persistent grid's epilogue
+// writes O by TMA stores from an O tile of its own: v3_epilogue_tma).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -95,19 +98,22 @@ __device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, c
   return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
 }
 
-template <class Cfg>
-__device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const V3Maps& maps) {
+// Maps: V3Maps, or V3MapsO with Cfg::TMA_STORE_O (the o map of the epilogue's TMA stores).
+template <class Cfg, class Maps>
+__device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const Maps& maps) {
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
   constexpr bool kPersistent = Cfg::PERSISTENT;
   constexpr bool kTileByHead = !Variant::kHasMask;  // the persistent grid's tile order (v3_tile)
   static_assert(!Cfg::VARLEN || (!Cfg::PERSISTENT && !Cfg::SCORE_SKIP),
                 "packed sequences: one tile per CTA (the entry takes the sequence's view), no score skip");
+  static_assert(Cfg::TMA_STORE_O == (sizeof(Maps) == sizeof(V3MapsO)), "the o map comes with TMA_STORE_O");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const unsigned int base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const unsigned int sQ = base;
   const unsigned int sKV0 = base + L::kQBytes;  // K of stage s: sKV0 + s*kStageBytes, V: + kKBytes
+  const unsigned int sOt = base + L::kOOffset;  // TMA_STORE_O: the epilogue's O tile
   const unsigned int bars = base + L::kBarOffset;
   const unsigned int barQ = bars;                           // Q landed (phase = tile count & 1)
   const unsigned int barQfree = bars + 8u * (1 + 4 * STAGES);  // consumers done with Q's S GEMMs
@@ -485,11 +491,19 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
     // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
     // rows >= Nq are not written.
-    v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+    if constexpr (Cfg::TMA_STORE_O) {
+      v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+    } else {
+      v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+    }
     AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi0, threadIdx.x == 128);
     AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi1, threadIdx.x == 256);
   }
   if (kPingPong && wg == 0) named_bar_sync(kTurnBar + 0, 256);  // the extra grant (see above)
+  // TMA_STORE_O: the last tile's stores read the O tile, which must outlive them
+  if constexpr (Cfg::TMA_STORE_O) {
+    if ((threadIdx.x & 127) == 0) bulk_wait_all();
+  }
 #undef AC_TRACE_TILE
 }
 
