@@ -263,10 +263,6 @@ class CompiledAttention:
             if lse is not None:
                 lse.fill_(float("-inf"))
             return (o, lse) if return_lse else o
-        o_out = None  # the caller's out, when the kernel writes a staging copy instead (below)
-        if getattr(self.plan, "tma_store_o", False) and _tma_store_error(o):
-            # the epilogue's TMA stores need an output the copy engine can address: write a contiguous copy
-            o_out, o = o, torch.empty(dims.B, dims.H, dims.Nq, dims.DV, device=q.device, dtype=q.dtype)
         sched = get_schedule(self.schedule)
         loaded = self.build(q.device)
         bufs = prepare_buffers(self.ir, buffers, q.device)
@@ -284,8 +280,6 @@ class CompiledAttention:
                 launch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
                        self.kernel_source.smem_bytes, P, Bf, q.device)
         del extra
-        if o_out is not None:
-            o = o_out.copy_(o)
         self.last_seed, self.last_offset = seed, offset
         return (o, lse) if return_lse else o
 
@@ -334,14 +328,6 @@ class CompiledAttention:
         from .runtime.backward import bwd_source
 
         return bwd_source(self.ir, self.target, deterministic=deterministic, options=self.backward_options).source
-
-
-def _tma_store_error(o: torch.Tensor) -> bool:
-    """Whether the output ``o`` cannot be written by TMA stores (strides or base address the copy engine
-    cannot address; e.g. ``out=`` a view with an odd row stride)."""
-    from .runtime.tma import tma_layout_error
-
-    return o.data_ptr() % 16 != 0 or tma_layout_error("out", o) is not None
 
 
 def _require_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

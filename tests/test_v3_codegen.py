@@ -61,7 +61,10 @@ def test_plan_choices(d, block_n, stages):
         assert plan_v3(ProblemDims(d), "sm_90", block_n=192).block_m == 128  # too wide for three: two
         assert plan_v3(ProblemDims(d), "sm_90", num_warps=12).block_m == 128  # the warps name two
     else:
-        assert (plain.block_m, plain.block_n, plain.stages) == (128, block_n, stages)
+        # d = 128: the persistent grid with TMA stores of O, whose O tile takes the third stage (plan/v3_grid.py);
+        # d >= 192: the O tile would cost BLOCK_N, so one CTA per tile
+        assert (plain.block_m, plain.block_n, plain.stages) == (128, block_n, 2 if d == 128 else stages)
+        assert plain.persistent == plain.tma_store_o == (d == 128)
     drop = plan_v3(build_ir(ac.AttentionSpec(head_dim=d, dropout_p=0.1)), "sm_90")  # at most ..._DROPOUT
     assert drop.block_n == min(block_n, PREFERRED_BLOCK_N_DROPOUT) and "with dropout" in drop.describe()
     # a mask that reads a buffer (document ids) takes the same cap; a mask of positions only does not
@@ -84,7 +87,7 @@ def test_plan_head_dims_not_multiples_of_64():
     assert (plain.block_m, plain.consumer_regs) == (192, 160) and "PREFERRED_BLOCK_M" in plain.describe()
     assert plan_v3(ProblemDims(128), "sm_90").block_m == 128
     mixed = plan_v3(ProblemDims(192, 96), "sm_90")  # D 3 boxes, DV 2 boxes
-    assert mixed.smem_bytes == v3_smem_bytes(128, mixed.block_n, 192, 128, mixed.stages)
+    assert mixed.smem_bytes == v3_smem_bytes(128, mixed.block_n, 192, 128, mixed.stages, o_tile=mixed.tma_store_o)
     assert "smem rows padded" not in plan_v3(ProblemDims(192, 128), "sm_90").describe()
 
 

@@ -18,6 +18,7 @@ from attncompiler.plan.model import PlanError
 from attncompiler.plan.targets import get_target
 from attncompiler.plan.v3 import plan_v3, v3_smem_bytes
 from attncompiler.runtime.compiler import compile_with_nvcc
+from attncompiler.runtime.launch import InputError
 from attncompiler.spec import presets
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
@@ -53,6 +54,44 @@ def test_plan_tma_store_o():
     # through the public API: an unknown value is a plan error, not a crash
     with pytest.raises(PlanError, match="expected tma_store_o with persistent=True"):
         ac.compile(presets.causal(64), "v3", target="sm_90", build=False, tma_store_o=True)
+
+
+@pytest.mark.parametrize("spec, chosen, why", [
+    (presets.plain(128), True, "no mask: every tile visits the same K/V blocks"),
+    (presets.plain(64), True, "no mask"),
+    (presets.softcap(30.0, 128), True, "no mask"),
+    (presets.sliding_window(1024, 128), True, "1.03x the mean K/V rows"),
+    (presets.sliding_window(1024, 64), True, "1.03x the mean K/V rows"),
+    (presets.causal(128), False, "1.98x the mean K/V rows at N = 16384 (> PERSISTENT_MAX_IMBALANCE 1.1)"),
+    (presets.document(presets.document_ids(1000, 3), 128), False, "no derivable K/V range"),
+    (presets.plain(256), False, "would not keep BLOCK_N 80"),
+])
+def test_default_grid(spec, chosen, why):
+    """Unless the caller chose, balanced tiles whose O tile keeps BLOCK_N take the persistent grid with TMA stores
+    (plan/v3_grid.py); the reasons say which and why; ``persistent`` given keeps the caller's grid."""
+    ir = build_ir(spec)
+    p = plan_v3(ir, "sm_90")
+    assert p.persistent == p.tma_store_o == chosen
+    line = next(r for r in p.reasons if "plan/v3_grid.py" in r)
+    assert why in line and line.startswith("the persistent grid" if chosen else "one CTA per tile"), line
+    assert plan_v3(ir, "sm_90", **p.options) == p
+    one = plan_v3(ir, "sm_90", persistent=False)
+    assert not one.persistent and not one.tma_store_o and not any("plan/v3_grid.py" in r for r in one.reasons)
+    assert not plan_v3(ir, "sm_90", persistent=True).tma_store_o  # persistent alone: direct stores, as before
+
+
+def test_varlen_plan_drops_the_o_tile():
+    """The packed-sequence kernel (one tile per CTA) takes a persistent TMA-store plan without its grid and O tile."""
+    from attncompiler.plan.v3_grid import without_persistent_grid
+
+    ir = build_ir(presets.plain(128))
+    p = plan_v3(ir, "sm_90")
+    assert p.tma_store_o
+    one = without_persistent_grid(p)
+    assert (one.persistent, one.tma_store_o, one.score_skip, one.stages) == (False, False, False, p.stages)
+    assert one.smem_bytes == v3_smem_bytes(128, p.block_n, 128, 128, p.stages)
+    src = get_schedule("v3").render(ir, one, get_target("sm_90"), varlen=True).source
+    assert "static constexpr bool TMA_STORE_O = false;" in src and f"== {one.smem_bytes}, " in src
 
 
 def test_render_tma_store_o():
@@ -91,17 +130,6 @@ def test_attn_maps_with_o(monkeypatch):
     assert seen[-1] == ("o", 0x4000, (2, 3, 200, 96), (P.o_sb, P.o_sh, P.o_sn), tma.O_BOX_ROWS)
     assert tma.O_BOX_ROWS == 64
     assert len(bytes(tma.attn_maps(P, dims, "bf16", 128, 64))) == 3 * 128
-
-
-def test_output_fallback_decision():
-    """An output the copy engine cannot address (odd row stride, misaligned base) is written through a contiguous
-    copy; the layouts the API allocates (either storage order) are written in place."""
-    from attncompiler.api import _tma_store_error
-
-    assert not _tma_store_error(torch.empty(2, 3, 100, 64, dtype=torch.bfloat16))
-    assert not _tma_store_error(torch.empty(2, 100, 3, 64, dtype=torch.bfloat16).transpose(1, 2))
-    assert _tma_store_error(torch.empty(2, 3, 100, 65, dtype=torch.bfloat16)[..., :64])  # 130-byte rows
-    assert _tma_store_error(torch.empty(2 * 3 * 100 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 100, 64))
 
 
 def _ptx(source: str) -> str:
@@ -210,13 +238,16 @@ def test_gpu_tma_store_o_shapes_and_outputs():
     q, k, v = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o = holes(q, k, v)
     assert not torch.isnan(o).any() and (o[:, :, :300] == 0).all()  # rows < 700 see nothing
-    # an out= with 130-byte rows: the kernel writes a contiguous copy, the caller's tensor gets the result
-    big = torch.full((2, 3, 1023, 65), float("nan"), device="cuda", dtype=torch.bfloat16)
-    spec64 = presets.causal(64)
-    k64 = ac.compile(spec64, "v3", persistent=True, tma_store_o=True)
+    # out= as check_out accepts it (16-byte aligned rows) is written in place; one the copy engine cannot address
+    # (a batch stride of 0: every batch's rows on the same memory) is refused naming the tensor, never launched
     q, k, v = (torch.randn(2, 3, 1023, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = big[..., :64]
+    k64 = ac.compile(presets.causal(64), "v3", persistent=True, tma_store_o=True)
+    big = torch.full((2, 3, 1023, 72), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[..., :64]  # 144-byte rows
     r = k64(q, k, v, out=out)
     assert r.data_ptr() == out.data_ptr()
-    assert torch.equal(out, ac.compile(spec64, "v3", persistent=True)(q, k, v))
-    assert torch.isnan(big[..., 64]).all()  # the column past the view is untouched
+    assert torch.equal(out, ac.compile(presets.causal(64), "v3", persistent=True)(q, k, v))
+    assert torch.isnan(big[..., 64:]).all()  # the columns past the view are untouched
+    shared = torch.empty(1, 3, 1023, 64, device="cuda", dtype=torch.bfloat16).expand(2, 3, 1023, 64)
+    with pytest.raises(InputError, match=r"o: expected a batch stride the copy engine can address"):
+        k64(q, k, v, out=shared)

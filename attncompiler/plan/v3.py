@@ -32,6 +32,7 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
+from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles
 
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
@@ -371,36 +372,53 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         pref = band[0]
     limit = v3_smem_limit(t, ctas)
     per_block = "per block" if ctas == 1 else f"per block ({ctas} CTAs per SM)"
-    rejected: list[str] = []
-    chosen = None
-    for bn in ((block_n,) if block_n is not None else BLOCK_N_CHOICES):
-        if bn % 16 or not 16 <= bn <= 256:
-            rejected.append(f"BLOCK_N={bn}: expected a multiple of 16 in [16, 256] (k16 steps of P V, wgmma N)")
-            continue
-        if block_n is None and bn > pref:
-            continue  # wider than preferred: not considered (listed once below)
-        regs = v3_register_estimate(bn, dv)
-        if ctas == 1 and regs["total"] > consumer_regs:
-            rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {consumer_regs}")
-            continue
-        if ctas > 1 and regs["o"] + regs["s"] + REG_SLACK_MULTI_CTA > reg_cap:
-            rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']} + {REG_SLACK_MULTI_CTA} registers per "
-                            f"thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
-            continue
-        fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
-        if not fits:
-            st = stage_choices[-1]
-            rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile)} B with {st} stage(s) > "
-                            f"{limit} B {per_block}")
-            continue
-        st = fits[0]
-        if stages is None and st < MAX_STAGES:
-            more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile)
-            rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
-        chosen = (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile), regs, st)
-        break
+    def search(o_tile: bool) -> tuple[tuple | None, list[str]]:
+        """(BLOCK_N, smem, registers, stages) of the widest BLOCK_N that fits, and the rejected candidates."""
+        rejected: list[str] = []
+        for bn in ((block_n,) if block_n is not None else BLOCK_N_CHOICES):
+            if bn % 16 or not 16 <= bn <= 256:
+                rejected.append(f"BLOCK_N={bn}: expected a multiple of 16 in [16, 256] (k16 steps of P V, wgmma N)")
+                continue
+            if block_n is None and bn > pref:
+                continue  # wider than preferred: not considered (listed once below)
+            regs = v3_register_estimate(bn, dv)
+            if ctas == 1 and regs["total"] > consumer_regs:
+                rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {consumer_regs}")
+                continue
+            if ctas > 1 and regs["o"] + regs["s"] + REG_SLACK_MULTI_CTA > reg_cap:
+                rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']} + {REG_SLACK_MULTI_CTA} registers "
+                                f"per thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
+                continue
+            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
+            if not fits:
+                st = stage_choices[-1]
+                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile)} B with {st} "
+                                f"stage(s) > {limit} B {per_block}")
+                continue
+            st = fits[0]
+            if stages is None and st < MAX_STAGES:
+                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile)
+                rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
+            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile), regs, st), rejected
+        return None, rejected
+
+    chosen, rejected = search(o_tile)
     if chosen is None:
         raise PlanError(f"no feasible v3 plan on {t.name} (D={d}, DV={dv}, stages={stages}): " + "; ".join(rejected))
+    # The grid and epilogue (plan/v3_grid.py): unless the caller chose, the persistent grid with TMA stores of O
+    # where the tiles are balanced and the O tile keeps this BLOCK_N and enough stages.
+    grid_why = None
+    if persistent is None and tma_store_o is None and ctas == 1:
+        balanced, why_bal = balanced_tiles(ir_or_dims, bm, chosen[0])
+        with_o, rejected_o = search(True) if balanced else (None, [])
+        if with_o is not None and with_o[0] == chosen[0] and with_o[3] >= MIN_STAGES_WITH_O_TILE:
+            chosen, rejected, persistent, o_tile = with_o, rejected_o, True, True
+            grid_why = (f"the persistent grid with TMA stores of O (plan/v3_grid.py): {why_bal}; the O tile leaves "
+                        f"BLOCK_N {with_o[0]} and {with_o[3]} K/V stages")
+        else:
+            grid_why = ("one CTA per tile (plan/v3_grid.py): " + (
+                why_bal if not balanced else f"the O tile of the TMA stores would not keep BLOCK_N {chosen[0]} with "
+                                             f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
     bn, smem, regs, st = chosen
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     reg_line = (
@@ -486,6 +504,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         reasons.append(f"the previous block's P V waited for where ptxas puts it (late_pv_wait off: DV = {dv} < "
                        f"{min_name} = {min_dv}, where it measured flat or slower)"
                        if late_pv_wait is None else "late_pv_wait off (forced)")
+    if grid_why is not None:
+        reasons.append(grid_why)
     if o_tile:
         reasons.append("O written by TMA stores (tma_store_o): each consumer warpgroup stages its rows of O in an O "
                        "tile of its own and one thread stores them per 64-column box; the next tile's Q lands "
@@ -509,11 +529,11 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
 
     The space is what :func:`plan_v3` exposes: BLOCK_M (128 or 192: two or three consumer warpgroups),
     BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
-    stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`) and the persistent grid.  Each is checked by
-    :func:`plan_v3` (registers, shared memory); ranked by distance from the model's choice: steps of
-    16 in BLOCK_N (+1 above the model's width: wider S tiles risk spills) + stages fewer than the
-    model's + 1 for the persistent grid + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider,
-    then deeper first.
+    stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
+    with TMA stores of O (``tma_store_o``).  Each is checked by :func:`plan_v3` (registers, shared memory);
+    ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
+    tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
+    differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
     Raises :class:`PlanError` where v3 cannot run at all (not sm_90, head dims).
     """
     base = plan_v3(ir_or_dims, target)
@@ -524,14 +544,16 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
             if steps > max_steps:
                 continue
             for st in range(MAX_STAGES, MIN_STAGES - 1, -1):
-                for persistent in (False, True):
+                for persistent, tso in ((False, False), (True, False), (True, True)):
                     try:
-                        p = plan_v3(ir_or_dims, target, block_n=bn, stages=st, persistent=persistent, block_m=bm)
+                        p = plan_v3(ir_or_dims, target, block_n=bn, stages=st, persistent=persistent, block_m=bm,
+                                    tma_store_o=tso)
                     except PlanError:
                         continue
-                    dist = (steps + int(bn > base.block_n) + max(0, base.stages - st) + int(persistent)
+                    grid = int(persistent != base.persistent) + int(tso != base.tma_store_o)
+                    dist = (steps + int(bn > base.block_n) + max(0, base.stages - st) + grid
                             + int(bm != base.block_m))
-                    ranked.append(((dist, int(bm != base.block_m), -bn, -st, int(persistent)), p.options))
+                    ranked.append(((dist, int(bm != base.block_m), -bn, -st, grid), p.options))
     ranked.sort(key=lambda r: r[0])
     out = [base.options]
     out += [o for _, o in ranked if o != base.options]

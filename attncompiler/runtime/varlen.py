@@ -35,6 +35,7 @@ import torch
 from ..codegen.schedule import KernelSource, get_schedule
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
+from ..plan.v3_grid import without_persistent_grid
 from .compiler import LoadedKernel, compile_kernel
 from .launch import AttnInputs, InputError, check_index_limit, check_out, launch, pack_params, prepare_buffers
 
@@ -215,7 +216,7 @@ def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSour
         if schedule == "v3":
             if kernel_source is None or kernel_source.schedule != "v3":
                 raise ValueError("varlen_fwd_source: the v3 varlen kernel takes a v3 kernel's plan")
-            plan = dataclasses.replace(kernel_source.plan, persistent=False, score_skip=False)
+            plan = without_persistent_grid(kernel_source.plan)
         else:
             plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
         hit = sched.render(ir, plan if plan is not None else sched.make_plan(ir, target), target, varlen=True)

@@ -1,0 +1,68 @@
+"""The v3 forward's grid and epilogue: one CTA per tile, or the persistent grid writing O by TMA stores.
+
+With one CTA per (query block, batch*head) tile, each CTA pays its start (barrier setup, the Q copy's round trip,
+the first S GEMM and softmax with nothing to overlap) and its drain (the last P V, the O stores) once; short K/V
+loops (sliding windows) pay them per few blocks of work. The persistent grid (``persistent``: one CTA per SM
+looping over the tiles) overlaps the next tile's Q and first K copies with the current tile's end, but its epilogue
+cannot stage O through Q's buffer (the next Q lands there), so it wrote O with direct 4-byte stores. With
+``tma_store_o`` each consumer warpgroup stages its rows in an O tile of its own and one thread writes them by TMA
+stores that run on under the next tile (``templates/include/attncompiler/v3_epilogue.cuh`` ``v3_epilogue_tma``).
+
+Measured on an H200 (2026-11-29, ``benchmarks/v3_sweep.py``, bf16, N = 16k, H * d = 2048, d = 128, 3 interleaved
+rounds, TFLOP/s, one CTA per tile / persistent / persistent + TMA stores): sliding window 1024 441.6 / 436.2 /
+**470.8**; plain 643.3 / 651.9 / **669.3**; causal 605.6 / - / 517.2. ``benchmarks/clock_power.py --set cudnn``,
+same call: dense attention over 1152 keys per pair over full attention 1.189x (one CTA per tile), 1.144x (persistent
++ TMA stores), SDPA cuDNN 1.088x; an epilogue without any O store (timing only) 1.094x.
+
+So the planner takes the persistent grid with TMA stores where every tile visits about the same number of K/V
+blocks (no mask, or a band such as a sliding window: the static round robin over tiles is then balanced) and the O
+tile keeps the plan's BLOCK_N and at least :data:`MIN_STAGES_WITH_O_TILE` stages; causal and other growing masks keep
+one CTA per tile, whose hardware scheduling balances tiles of different lengths (causal above: 606 vs 517).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+
+__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "without_persistent_grid"]
+
+#: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
+#: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.003;
+#: causal: 1.98)
+PERSISTENT_MAX_IMBALANCE = 1.10
+#: the O tile must leave at least this many K/V stages (d = 128: 3 -> 2, measured faster above)
+MIN_STAGES_WITH_O_TILE = 2
+
+
+def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, str]:
+    """(whether every query block visits about the same K/V rows, why), from the mask's K/V range."""
+    from .band import BAND_REP_LEN, _block_ranges
+
+    mask = getattr(ir_or_dims, "mask_expr", None)
+    if mask is None:
+        return True, "no mask: every tile visits the same K/V blocks"
+    if not isinstance(mask, sympy.Basic):
+        return False, "the mask's K/V range is unknown"
+    ranges = _block_ranges(mask, block_m, BAND_REP_LEN)
+    if not ranges:
+        return False, "the mask has no derivable K/V range (every tile may visit every block)"
+    rows = [min((hi // block_n + 1) * block_n, BAND_REP_LEN) - (lo // block_n) * block_n for lo, hi in ranges]
+    imbalance = max(rows) / (sum(rows) / len(rows))
+    ok = imbalance <= PERSISTENT_MAX_IMBALANCE
+    return ok, (f"the heaviest query block visits {imbalance:.2f}x the mean K/V rows at N = {BAND_REP_LEN} "
+                f"({'<=' if ok else '>'} PERSISTENT_MAX_IMBALANCE {PERSISTENT_MAX_IMBALANCE})")
+
+
+def without_persistent_grid(plan: Any) -> Any:
+    """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
+    grid, no TMA stores of O, and the shared memory without the O tile."""
+    from .v3 import v3_smem_bytes
+    from .model import elem_bytes
+
+    smem = plan.smem_bytes
+    if plan.tma_store_o:
+        smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
+                             elem_bytes(plan.dtype))
+    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, smem_bytes=smem)
