@@ -83,40 +83,16 @@ __device__ __forceinline__ int kv_prev_block(int j, int j_begin, int b, int h, i
 }
 
 // The visited blocks of [j_begin, j_end) in ascending order (kDesc false) or from the last down (true).
-// AC_KV_ROTATE (timing experiment, ascending walks with a mask): when the first visited block is not FULL
-// for the tile's rows and another follows, it is visited last instead (its masked softmax then runs under
-// the previous block's P V rather than alone at the tile's start).
 template <int BN, bool kDesc>
 struct KvWalk {
   int j_begin, j_end;
-  int j_last = -1;  // AC_KV_ROTATE: the deferred first block
   __device__ __forceinline__ int first(int b, int h, int q_lo, int q_hi, const AttnParams& p,
-                                       const AttnBuffers& buf) {
-    const int j0 = kDesc ? kv_prev_block<BN>(j_end - 1, j_begin, b, h, q_lo, q_hi, p, buf)
-                         : kv_next_block<BN>(j_begin, j_end, b, h, q_lo, q_hi, p, buf);
-#ifdef AC_KV_ROTATE
-    if constexpr (!kDesc && Variant::kHasMask) {
-      if (j0 < j_end && Variant::tile_class(b, h, q_lo, q_hi, j0 * BN, min(j0 * BN + BN, p.Nk) - 1, p, buf) !=
-                            AC_TILE_FULL) {
-        const int j1 = kv_next_block<BN>(j0 + 1, j_end, b, h, q_lo, q_hi, p, buf);
-        if (j1 < j_end) {
-          j_last = j0;
-          return j1;
-        }
-      }
-    }
-#endif
-    return j0;
+                                       const AttnBuffers& buf) const {
+    return kDesc ? kv_prev_block<BN>(j_end - 1, j_begin, b, h, q_lo, q_hi, p, buf)
+                 : kv_next_block<BN>(j_begin, j_end, b, h, q_lo, q_hi, p, buf);
   }
   __device__ __forceinline__ int next(int j, int b, int h, int q_lo, int q_hi, const AttnParams& p,
                                       const AttnBuffers& buf) const {
-#ifdef AC_KV_ROTATE
-    if constexpr (!kDesc && Variant::kHasMask) {
-      if (j == j_last) return j_end;  // the deferred block was the last
-      const int n = kv_next_block<BN>(j + 1, j_end, b, h, q_lo, q_hi, p, buf);
-      return (n >= j_end && j_last >= 0) ? j_last : n;
-    }
-#endif
     return kDesc ? kv_prev_block<BN>(j - 1, j_begin, b, h, q_lo, q_hi, p, buf)
                  : kv_next_block<BN>(j + 1, j_end, b, h, q_lo, q_hi, p, buf);
   }
