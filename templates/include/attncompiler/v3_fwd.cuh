@@ -60,6 +60,12 @@
 
 namespace ac {
 
+// A compile-time bool as a type (the main loop's iteration lambda takes it to stamp out two bodies).
+template <bool B>
+struct BoolTag {
+  static constexpr bool value = B;
+};
+
 // Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
 // for causal the last, query blocks first; blockIdx.x runs over the query blocks of one batch*head, so the
 // CTAs resident together share their K/V in L2). Persistent: CTA c takes tiles c, c + gridDim.x, ...
@@ -292,6 +298,13 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #else
   constexpr bool kWgWalk = Variant::kHasMask && NC >= 2 && BN < BM;
 #endif
+  // AC_V3_PEEL (experiment): with a mask, the main loop first runs the FULL blocks after block 0 with a
+  // mask-free body, then the rest (the diagonal of causal, the far end of a window) with the general one.
+#ifdef AC_V3_PEEL
+  constexpr bool kPeel = Variant::kHasMask;
+#else
+  constexpr bool kPeel = false;
+#endif
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
@@ -403,7 +416,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         phase ^= 1u;
       }
       j = j_next;
-      while (walk.valid(j) && in_wg(j)) {
+      // One main-loop iteration on block j. kFullRun (the peeled run, kPeel): j is known FULL for this
+      // warpgroup's rows (and not the ragged last block), so its softmax has no mask pass, and the class of
+      // the next block is found here, after the GEMMs are issued, to say whether the run goes on.
+      bool next_full = false;
+      auto iteration = [&](auto run_tag) {
+        constexpr bool kFullRun = decltype(run_tag)::value;
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
         turn_wait();
@@ -414,20 +432,23 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
         wgmma_commit();
         turn_grant();
-        masked = needs_mask(j);
+        masked = kFullRun ? false : needs_mask(j);
         j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+        if constexpr (kFullRun) {
+          next_full = __any_sync(0xffffffffu, walk.valid(j_next) && in_wg(j_next) && !needs_mask(j_next));
+        }
         wgmma_wait<1>();
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
-        st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+        st.softmax_dispatch(kFullRun ? false : masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
         auto pv_done = [&]() {
           wgmma_wait<0>();
           reg_fence(st.acc_o);
           reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
           mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
         };
-        if constexpr (kLatePvWait) {
+        if constexpr (kLatePvWait && !kFullRun) {
           // A branch right after the softmax keeps ptxas from hoisting the wait above it (plan/v3.py
           // LATE_PV_WAIT_DEFAULT). Its condition is this block's class for the warpgroup's rows, uniform over the
           // warpgroup (wgmma.wait_group is .aligned: every thread of the warpgroup must run the same one) and free;
@@ -457,7 +478,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #ifdef AC_V3_TRACE
         ++trace_blocks;
 #endif
+      };
+      if constexpr (kPeel) {  // the run of FULL blocks first, with the mask-free loop body
+        bool full = __any_sync(0xffffffffu, walk.valid(j) && in_wg(j) && !needs_mask(j));
+        while (full) {
+          iteration(BoolTag<true>{});
+          full = next_full;
+        }
       }
+      while (walk.valid(j) && in_wg(j)) iteration(BoolTag<false>{});
       AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
       mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
