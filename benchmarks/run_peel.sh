@@ -1,8 +1,9 @@
 #!/bin/bash
 # Experiment: the peeled main loop (AC_V3_PEEL: FULL blocks first with a mask-free body) -- correctness and A/B.
 export PYTHONPATH=$PWD
+timeout 100 python3 -m pytest -m gpu -p no:cacheprovider -n 4 -o addopts="" -q tests/test_gpu_scoreskip.py 2>&1 | tail -3
 cd benchmarks
-timeout 150 python3 - <<'PY'
+timeout 120 python3 - <<'PY'
 import torch, attncompiler as ac
 from attncompiler.spec import presets
 from attncompiler.testing import check_kernel
@@ -24,4 +25,4 @@ for name, spec, opts in cases:
         r = check_kernel(kern, 2, 3, 1500, 517, H_kv=1); bad += not r.ok; print("peel causal GQA", r.ok)
 print("peel failures:", bad)
 PY
-timeout 330 python3 v3_sweep.py "128:sliding_window,128:sliding_window:define=AC_V3_PEEL,64:sliding_window,64:sliding_window:define=AC_V3_PEEL,128:causal,128:causal:define=AC_V3_PEEL,64:causal,64:causal:define=AC_V3_PEEL,256:causal,256:causal:define=AC_V3_PEEL,128:document,128:document:define=AC_V3_PEEL,128:plain" 3 2>&1 | grep -A30 "^# median"
+timeout 240 python3 v3_sweep.py "128:sliding_window,128:sliding_window:define=AC_V3_PEEL,64:sliding_window,64:sliding_window:define=AC_V3_PEEL,128:causal,128:causal:define=AC_V3_PEEL,64:causal,64:causal:define=AC_V3_PEEL,256:causal,256:causal:define=AC_V3_PEEL,128:document,128:document:define=AC_V3_PEEL,128:plain" 3 2>&1 | grep -A30 "^# median"

@@ -60,12 +60,6 @@
 
 namespace ac {
 
-// A compile-time bool as a type (the main loop's iteration lambda takes it to stamp out two bodies).
-template <bool B>
-struct BoolTag {
-  static constexpr bool value = B;
-};
-
 // Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
 // for causal the last, query blocks first; blockIdx.x runs over the query blocks of one batch*head, so the
 // CTAs resident together share their K/V in L2). Persistent: CTA c takes tiles c, c + gridDim.x, ...
@@ -298,8 +292,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #else
   constexpr bool kWgWalk = Variant::kHasMask && NC >= 2 && BN < BM;
 #endif
-  // AC_V3_PEEL (experiment): with a mask, the main loop first runs the FULL blocks after block 0 with a
-  // mask-free body, then the rest (the diagonal of causal, the far end of a window) with the general one.
+  // AC_V3_PEEL (an experiment, off by default): with a mask, the main loop first runs the FULL blocks after
+  // block 0 with a mask-free body, then the rest with the general one.
 #ifdef AC_V3_PEEL
   constexpr bool kPeel = Variant::kHasMask;
 #else
@@ -416,12 +410,48 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         phase ^= 1u;
       }
       j = j_next;
-      // One main-loop iteration on block j. kFullRun (the peeled run, kPeel): j is known FULL for this
-      // warpgroup's rows (and not the ragged last block), so its softmax has no mask pass, and the class of
-      // the next block is found here, after the GEMMs are issued, to say whether the run goes on.
-      bool next_full = false;
-      auto iteration = [&](auto run_tag) {
-        constexpr bool kFullRun = decltype(run_tag)::value;
+      if constexpr (kPeel) {
+        // The run of FULL blocks after block 0 (for this warpgroup's rows; not the ragged last block) with a
+        // mask-free body; the class of the next block is found after the GEMMs are issued, to say whether the
+        // run goes on. The general loop below takes the rest (the diagonal of causal, a window's far end).
+        bool full = __any_sync(0xffffffffu, walk.valid(j) && in_wg(j) && !needs_mask(j));
+        while (full) {
+          st.init_s(j * BN, row0, b, h, p, buf);
+          mbar_wait(full_k(s), phase);
+          turn_wait();
+          wgmma_fence();
+          st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
+          wgmma_commit();
+          mbar_wait(full_v(s_prev), phase_prev);
+          st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+          wgmma_commit();
+          turn_grant();
+          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+          full = __any_sync(0xffffffffu, walk.valid(j_next) && in_wg(j_next) && !needs_mask(j_next));
+          wgmma_wait<1>();
+          reg_fence(st.acc_s);
+          mbar_arrive(empty_k(s));
+          float alpha[2];
+          st.softmax_dispatch(false, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+          wgmma_wait<0>();
+          reg_fence(st.acc_o);
+          reg_fence(st.p_frag);
+          mbar_arrive(empty_v(s_prev));
+          st.rescale_o(alpha);
+          st.convert_p(j * BN, row0, b, h, p);
+          s_prev = s;
+          phase_prev = phase;
+          if (++s == STAGES) {
+            s = 0;
+            phase ^= 1u;
+          }
+          j = j_next;
+#ifdef AC_V3_TRACE
+          ++trace_blocks;
+#endif
+        }
+      }
+      while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
         turn_wait();
@@ -432,23 +462,20 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
         wgmma_commit();
         turn_grant();
-        masked = kFullRun ? false : needs_mask(j);
+        masked = needs_mask(j);
         j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-        if constexpr (kFullRun) {
-          next_full = __any_sync(0xffffffffu, walk.valid(j_next) && in_wg(j_next) && !needs_mask(j_next));
-        }
         wgmma_wait<1>();
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
-        st.softmax_dispatch(kFullRun ? false : masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+        st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
         auto pv_done = [&]() {
           wgmma_wait<0>();
           reg_fence(st.acc_o);
           reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
           mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
         };
-        if constexpr (kLatePvWait && !kFullRun) {
+        if constexpr (kLatePvWait) {
           // A branch right after the softmax keeps ptxas from hoisting the wait above it (plan/v3.py
           // LATE_PV_WAIT_DEFAULT). Its condition is this block's class for the warpgroup's rows, uniform over the
           // warpgroup (wgmma.wait_group is .aligned: every thread of the warpgroup must run the same one) and free;
@@ -478,15 +505,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #ifdef AC_V3_TRACE
         ++trace_blocks;
 #endif
-      };
-      if constexpr (kPeel) {  // the run of FULL blocks first, with the mask-free loop body
-        bool full = __any_sync(0xffffffffu, walk.valid(j) && in_wg(j) && !needs_mask(j));
-        while (full) {
-          iteration(BoolTag<true>{});
-          full = next_full;
-        }
       }
-      while (walk.valid(j) && in_wg(j)) iteration(BoolTag<false>{});
       AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
       mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
