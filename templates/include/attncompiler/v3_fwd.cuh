@@ -292,13 +292,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #else
   constexpr bool kWgWalk = Variant::kHasMask && NC >= 2 && BN < BM;
 #endif
-  // AC_V3_PEEL (an experiment, off by default): with a mask, the main loop first runs the FULL blocks after
-  // block 0 with a mask-free body, then the rest with the general one.
-#ifdef AC_V3_PEEL
-  constexpr bool kPeel = Variant::kHasMask;
-#else
-  constexpr bool kPeel = false;
-#endif
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
@@ -410,47 +403,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         phase ^= 1u;
       }
       j = j_next;
-      if constexpr (kPeel) {
-        // The run of FULL blocks after block 0 (for this warpgroup's rows; not the ragged last block) with a
-        // mask-free body; the class of the next block is found after the GEMMs are issued, to say whether the
-        // run goes on. The general loop below takes the rest (the diagonal of causal, a window's far end).
-        bool full = __any_sync(0xffffffffu, walk.valid(j) && in_wg(j) && !needs_mask(j));
-        while (full) {
-          st.init_s(j * BN, row0, b, h, p, buf);
-          mbar_wait(full_k(s), phase);
-          turn_wait();
-          wgmma_fence();
-          st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
-          wgmma_commit();
-          mbar_wait(full_v(s_prev), phase_prev);
-          st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
-          wgmma_commit();
-          turn_grant();
-          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-          full = __any_sync(0xffffffffu, walk.valid(j_next) && in_wg(j_next) && !needs_mask(j_next));
-          wgmma_wait<1>();
-          reg_fence(st.acc_s);
-          mbar_arrive(empty_k(s));
-          float alpha[2];
-          st.softmax_dispatch(false, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-          wgmma_wait<0>();
-          reg_fence(st.acc_o);
-          reg_fence(st.p_frag);
-          mbar_arrive(empty_v(s_prev));
-          st.rescale_o(alpha);
-          st.convert_p(j * BN, row0, b, h, p);
-          s_prev = s;
-          phase_prev = phase;
-          if (++s == STAGES) {
-            s = 0;
-            phase ^= 1u;
-          }
-          j = j_next;
-#ifdef AC_V3_TRACE
-          ++trace_blocks;
-#endif
-        }
-      }
       while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
