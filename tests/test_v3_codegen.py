@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import shutil
-import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +19,8 @@ from attncompiler.plan.targets import get_target
 from attncompiler.plan.v3 import CONSUMER_REGS, PREFERRED_BLOCK_N_DROPOUT, PRODUCER_REGS, plan_v3, v3_smem_bytes
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
+
+from _nvcc import ptx_sm90a  # shared with the other v3 nvcc tests
 
 ROOT = Path(__file__).parent.parent
 PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias")
@@ -263,15 +263,6 @@ def test_maps_struct_cached_whole(monkeypatch):
     assert len(calls) == 8
 
 
-def _ptx(source: str) -> str:
-    with tempfile.TemporaryDirectory(prefix="ac-v3-ptx-") as d:
-        src, out = Path(d) / "k.cu", Path(d) / "k.ptx"
-        src.write_text(source)
-        subprocess.run(["nvcc", "-ptx", "-std=c++17", "-DNDEBUG", "-gencode=arch=compute_90a,code=compute_90a",
-                        "-o", str(out), str(src)], check=True, capture_output=True, text=True)
-        return out.read_text()
-
-
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("head_dim,dtype", [(64, "bf16"), (96, "bf16"), (128, "bf16"), (128, "fp16"), (192, "bf16"),
@@ -279,7 +270,7 @@ def _ptx(source: str) -> str:
 def test_nvcc_every_v3_variant_has_wgmma_and_tma(head_dim, dtype):
     jobs = {name: _render(spec).source for name, spec in _specs(head_dim, dtype).items()}
     with ThreadPoolExecutor(max_workers=4) as pool:
-        ptx = dict(zip(jobs, pool.map(_ptx, jobs.values())))
+        ptx = dict(zip(jobs, pool.map(ptx_sm90a, jobs.values())))
         reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
     for name in jobs:
         rep = reps[name]
@@ -300,7 +291,7 @@ def test_nvcc_trace_marks_compile_in_only_when_asked():
     """benchmarks/v3_trace.py prepends -DAC_V3_TRACE: then the kernel reads %globaltimer into the
     ac_v3_trace array; without it the marks are gone (no timer reads, no array)."""
     src = _render(_specs(128, "bf16")["sliding_window"]).source
-    plain_ptx, traced_ptx = _ptx(src), _ptx("#define AC_V3_TRACE 1\n" + src)
+    plain_ptx, traced_ptx = ptx_sm90a(src), ptx_sm90a("#define AC_V3_TRACE 1\n" + src)
     assert "%globaltimer" in traced_ptx and "ac_v3_trace" in traced_ptx
     assert "%globaltimer" not in plain_ptx and "ac_v3_trace" not in plain_ptx
     rep = compile_with_nvcc("#define AC_V3_TRACE 1\n" + src, "sm_90a")
@@ -341,7 +332,7 @@ def test_nvcc_q_prescale(head_dim, opts):
     spec = presets.softcap(30.0, head_dim)
     src = _render(spec, q_prescale=True, **opts).source
     assert "static constexpr bool Q_PRESCALE = true;" in src
-    ptx = _ptx(src)
+    ptx = ptx_sm90a(src)
     assert "cvt.rn.satfinite.bf16x2.f32" in ptx and "fence.proxy.async.shared::cta" in ptx
     rep = compile_with_nvcc(src, "sm_90a")
     assert rep.spill_stores == 0 and rep.spill_loads == 0 and "C7520" not in rep.log, rep.log
@@ -403,7 +394,7 @@ def test_nvcc_varlen_v3_sources():
                               "v3").source for s in specs]
     with ThreadPoolExecutor(max_workers=4) as pool:
         reps = list(pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), srcs))
-        ptx = list(pool.map(_ptx, srcs))
+        ptx = list(pool.map(ptx_sm90a, srcs))
     for spec, rep, p in zip(specs, reps, ptx):
         assert "cp.async.bulk.tensor.4d" in p and "wgmma.mma_async.sync.aligned" in p, spec
         assert "C7520" not in rep.log, f"{spec}: ptxas serialized the wgmma instructions"
@@ -441,7 +432,7 @@ def test_nvcc_warpgroup_walk():
     jobs = {name: _render(spec, **opts).source for name, (spec, opts) in cases.items()}
     with ThreadPoolExecutor(max_workers=4) as pool:
         reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
-        ptx = dict(zip(jobs, pool.map(_ptx, jobs.values())))
+        ptx = dict(zip(jobs, pool.map(ptx_sm90a, jobs.values())))
     for name, rep in reps.items():
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
         assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"

@@ -3,10 +3,7 @@ the rendered kernel, its machine code (nvcc), the o map, the output fallback, an
 from __future__ import annotations
 
 import shutil
-import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +17,8 @@ from attncompiler.plan.v3 import plan_v3, v3_smem_bytes
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.runtime.launch import InputError
 from attncompiler.spec import presets
+
+from _nvcc import ptx_sm90a  # shared with the other v3 nvcc tests
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 
@@ -132,15 +131,6 @@ def test_attn_maps_with_o(monkeypatch):
     assert len(bytes(tma.attn_maps(P, dims, "bf16", 128, 64))) == 3 * 128
 
 
-def _ptx(source: str) -> str:
-    with tempfile.TemporaryDirectory(prefix="ac-v3-ptx-") as d:
-        src, out = Path(d) / "k.cu", Path(d) / "k.ptx"
-        src.write_text(source)
-        subprocess.run(["nvcc", "-ptx", "-std=c++17", "-DNDEBUG", "-gencode=arch=compute_90a,code=compute_90a",
-                        "-o", str(out), str(src)], check=True, capture_output=True, text=True)
-        return out.read_text()
-
-
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
@@ -153,14 +143,14 @@ def test_nvcc_tma_store_o(head_dim):
              "dropout": ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")}
     jobs = {name: _render(spec, persistent=True, tma_store_o=True).source for name, spec in specs.items()}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        ptx = dict(zip(jobs, pool.map(_ptx, jobs.values())))
+        ptx = dict(zip(jobs, pool.map(ptx_sm90a, jobs.values())))
         reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
     for name, rep in reps.items():
         assert TMA_STORE_PTX in ptx[name], name
         assert "cp.async.bulk.wait_group.read 0" in ptx[name] and "cp.async.bulk.wait_group 0" in ptx[name], name
         assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
         assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
-    assert TMA_STORE_PTX not in _ptx(_render(presets.causal(head_dim), persistent=True).source)
+    assert TMA_STORE_PTX not in ptx_sm90a(_render(presets.causal(head_dim), persistent=True).source)
 
 
 # ---------------------------------------------------------------------------------------------------------------
