@@ -102,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("items")
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--nk", type=int, default=None)
+    ap.add_argument("--define", action="append", default=[], help="#define NAME 1 before the source (repeatable)")
     args = ap.parse_args(argv)
     print(f"# {torch.cuda.get_device_name()}", flush=True)
     for item in args.items.split(","):
         try:
-            trace_item(item, args.n, args.nk or args.n)
+            trace_item(item, args.n, args.nk or args.n, defines=tuple(args.define))
         except Exception as e:  # noqa: BLE001 - one failing item must not end the run
             print(f"{item}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
     return 0
