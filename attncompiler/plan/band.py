@@ -44,7 +44,7 @@ from typing import Any
 import sympy
 
 __all__ = ["BAND_REP_LEN", "BAND_MIN_SAVING", "BAND_MIN_BLOCK_N", "BAND_MIN_SAVING_BM64", "visited_keys",
-           "band_block_n", "band_block_m_64"]
+           "visited_keys_per_block", "band_block_n", "band_block_m_64"]
 
 BAND_REP_LEN = 16384     # the sequence length (queries and keys) the counts are taken over
 BAND_MIN_SAVING = 0.08   # a narrower BLOCK_N must save this fraction of the preferred width's visited keys
@@ -81,16 +81,25 @@ def _block_ranges(mask: sympy.Basic, block_m: int, n: int) -> tuple[tuple[int, i
     return tuple(out)
 
 
-def visited_keys(mask: sympy.Basic | None, block_m: int, block_n: int, n: int = BAND_REP_LEN) -> int | None:
-    """Keys the forward visits over ``n`` queries and ``n`` keys at batch 0, head 0: for each query block, the
-    BLOCK_N-aligned blocks that meet the mask's K/V range, times BLOCK_N (the last block clipped at ``n``).
-    None when the mask has no derivable range (every block is visited) or the range cannot be evaluated."""
+def visited_keys_per_block(mask: sympy.Basic | None, block_m: int, block_n: int,
+                           n: int = BAND_REP_LEN) -> tuple[int, ...] | None:
+    """Keys the forward visits for each query block (those that see any) over ``n`` queries and ``n`` keys at
+    batch 0, head 0: the BLOCK_N-aligned blocks that meet the mask's K/V range, times BLOCK_N (the last block
+    clipped at ``n``). None when the mask has no derivable range (every block is visited) or the range cannot be
+    evaluated."""
     if mask is None or block_m <= 0 or block_n <= 0 or n <= 0:
         return None
     ranges = _block_ranges(mask, block_m, n)
     if ranges is None:
         return None
-    return sum(min((hi // block_n + 1) * block_n, n) - (lo // block_n) * block_n for lo, hi in ranges)
+    return tuple(min((hi // block_n + 1) * block_n, n) - (lo // block_n) * block_n for lo, hi in ranges)
+
+
+def visited_keys(mask: sympy.Basic | None, block_m: int, block_n: int, n: int = BAND_REP_LEN) -> int | None:
+    """Keys the forward visits over ``n`` queries and ``n`` keys at batch 0, head 0 (:func:`visited_keys_per_block`
+    summed), or None."""
+    per_block = visited_keys_per_block(mask, block_m, block_n, n)
+    return None if per_block is None else sum(per_block)
 
 
 def band_block_n(ir_or_dims: Any, block_m: int, preferred: int) -> tuple[int, str] | None:

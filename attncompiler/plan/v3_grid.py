@@ -21,7 +21,6 @@ one CTA per tile, whose hardware scheduling balances tiles of different lengths 
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import sympy
@@ -29,8 +28,8 @@ import sympy
 __all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
-#: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.003;
-#: causal: 1.98)
+#: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.03;
+#: causal and prefix-LM: 1.98)
 PERSISTENT_MAX_IMBALANCE = 1.10
 #: the O tile must leave at least this many K/V stages (d = 128: 3 -> 2, measured faster above)
 MIN_STAGES_WITH_O_TILE = 2
@@ -38,31 +37,31 @@ MIN_STAGES_WITH_O_TILE = 2
 
 def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, str]:
     """(whether every query block visits about the same K/V rows, why), from the mask's K/V range."""
-    from .band import BAND_REP_LEN, _block_ranges
+    from .band import BAND_REP_LEN, visited_keys_per_block
 
     mask = getattr(ir_or_dims, "mask_expr", None)
     if mask is None:
         return True, "no mask: every tile visits the same K/V blocks"
     if not isinstance(mask, sympy.Basic):
         return False, "the mask's K/V range is unknown"
-    ranges = _block_ranges(mask, block_m, BAND_REP_LEN)
-    if not ranges:
+    rows = visited_keys_per_block(mask, block_m, block_n)
+    if not rows:
         return False, "the mask has no derivable K/V range (every tile may visit every block)"
-    rows = [min((hi // block_n + 1) * block_n, BAND_REP_LEN) - (lo // block_n) * block_n for lo, hi in ranges]
     imbalance = max(rows) / (sum(rows) / len(rows))
     ok = imbalance <= PERSISTENT_MAX_IMBALANCE
     return ok, (f"the heaviest query block visits {imbalance:.2f}x the mean K/V rows at N = {BAND_REP_LEN} "
                 f"({'<=' if ok else '>'} PERSISTENT_MAX_IMBALANCE {PERSISTENT_MAX_IMBALANCE})")
 
 
-def without_persistent_grid(plan: Any) -> Any:
+def without_persistent_grid(plan: Any, ir_or_dims: Any, target: Any) -> Any:
     """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
-    grid, no TMA stores of O, and the shared memory without the O tile."""
-    from .v3 import v3_smem_bytes
-    from .model import elem_bytes
+    grid, no TMA stores of O; a plan that had the O tile takes the K/V stages that fit without it (the same tiles
+    otherwise, and a forced stage count is kept)."""
+    from .v3 import plan_v3
 
-    smem = plan.smem_bytes
+    if not (plan.persistent or plan.score_skip):
+        return plan
+    options = {**plan.options, "persistent": False, "tma_store_o": False, "score_skip": False}
     if plan.tma_store_o:
-        smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
-                             elem_bytes(plan.dtype))
-    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, smem_bytes=smem)
+        options["stages"] = None
+    return plan_v3(ir_or_dims, target, **options)
