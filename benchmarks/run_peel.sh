@@ -1,7 +1,10 @@
 #!/bin/bash
 # Experiment: the peeled main loop (AC_V3_PEEL: FULL blocks first with a mask-free body) -- correctness and A/B.
+# The define was removed after this measurement (docs/perf-notes.md, thirtieth session); to run it again:
+#   git checkout cb8a7af -- templates/include/attncompiler/v3_fwd.cuh
+grep -q AC_V3_PEEL templates/include/attncompiler/v3_fwd.cuh || {
+  echo "AC_V3_PEEL is not in v3_fwd.cuh: git checkout cb8a7af -- templates/include/attncompiler/v3_fwd.cuh first"; exit 1; }
 export PYTHONPATH=$PWD
-timeout 100 python3 -m pytest -m gpu -p no:cacheprovider -n 4 -o addopts="" -q tests/test_gpu_scoreskip.py 2>&1 | tail -3
 cd benchmarks
 timeout 120 python3 - <<'PY'
 import torch, attncompiler as ac
