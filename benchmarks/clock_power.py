@@ -83,7 +83,7 @@ def measure(name: str, fn, seconds: float) -> tuple[float, float, float]:
     clock = statistics.median(float(r[0]) for r in rows)
     power = statistics.median(float(r[1]) for r in rows)
     ms = start.elapsed_time(end) / reps
-    print(f"{name:26s} {ms:8.4f} ms/call   SM clock {clock:6.0f} MHz   power {power:5.0f} W   ({len(rows)} samples)",
+    print(f"{name:44s} {ms:8.4f} ms/call   SM clock {clock:6.0f} MHz   power {power:5.0f} W   ({len(rows)} samples)",
           flush=True)
     return ms, clock, power
 
@@ -101,11 +101,12 @@ def cudnn_set(seconds: float) -> None:
     n, nk = 16384, 1152
     plain = presets.get_preset("plain", head_dim=128)
     res = {}
-    # "tma_store_o": O staged in its own tile and written by TMA stores; "no O store": timing-only, the epilogue's
-    # global O stores compiled out (AC_V3_NO_O_STORE): what an asynchronous epilogue could save at most
-    ours = {"v3": {}, "v3 persistent": {"persistent": True},
-            "v3 persistent tma_store_o": {"persistent": True, "tma_store_o": True},
-            "v3 persistent no O store": {"persistent": True, "define": "AC_V3_NO_O_STORE"}}
+    # the default for plain attention (plan/v3_grid.py): the persistent grid writing O by TMA stores from its own
+    # tile; "no O store": timing-only, the epilogue's global O stores compiled out (AC_V3_NO_O_STORE): what an
+    # asynchronous epilogue could save at most
+    ours = {"v3 (default: persistent, TMA stores)": {}, "v3 one CTA per tile": {"persistent": False},
+            "v3 persistent, direct stores": {"persistent": True},
+            "v3 persistent, no O store": {"persistent": True, "define": "AC_V3_NO_O_STORE"}}
     for who in (*ours, "cuDNN"):
         for label, kv in (("full", n), ("dense 1152", nk)):
             if who in ours:
