@@ -445,6 +445,9 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         f"{f' + {bm}*{dvp} (the O tile)' if o_tile else ''}) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
+                            f": the most K/V stages (<= {MAX_STAGES}) that fit beside the O tile (the persistent "
+                            f"grid with TMA stores measured faster at 2 stages than one CTA per tile at 3: "
+                            f"plan/v3_grid.py)" if o_tile else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit; measured on an H200 at d=128, "
                             f"N=16k: 3 stages 630 vs 2 stages 510 TFLOP/s (the copies of block i+2 wait for "
                             f"block i's slot, so deeper rings hide more of the load latency)"),
