@@ -71,11 +71,13 @@ def test_default_grid(spec, chosen, why):
     ir = build_ir(spec)
     p = plan_v3(ir, "sm_90")
     assert p.persistent == p.tma_store_o == chosen
-    line = next(r for r in p.reasons if "plan/v3_grid.py" in r)
+    line = next(r for r in p.reasons if r.startswith(("the persistent grid with TMA", "one CTA per tile (plan")))
     assert why in line and line.startswith("the persistent grid" if chosen else "one CTA per tile"), line
     assert plan_v3(ir, "sm_90", **p.options) == p
     one = plan_v3(ir, "sm_90", persistent=False)
     assert not one.persistent and not one.tma_store_o and not any("plan/v3_grid.py" in r for r in one.reasons)
+    if chosen:  # the stage count's reason says why it is lower
+        assert any(r.startswith("STAGES = ") and "beside the O tile" in r for r in p.reasons)
     assert not plan_v3(ir, "sm_90", persistent=True).tma_store_o  # persistent alone: direct stores, as before
 
 
