@@ -21,6 +21,7 @@ one CTA per tile, whose hardware scheduling balances tiles of different lengths 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import sympy
@@ -53,15 +54,15 @@ def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, s
                 f"({'<=' if ok else '>'} PERSISTENT_MAX_IMBALANCE {PERSISTENT_MAX_IMBALANCE})")
 
 
-def without_persistent_grid(plan: Any, ir_or_dims: Any, target: Any) -> Any:
+def without_persistent_grid(plan: Any) -> Any:
     """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
-    grid, no TMA stores of O; a plan that had the O tile takes the K/V stages that fit without it (the same tiles
-    otherwise, and a forced stage count is kept)."""
-    from .v3 import plan_v3
+    grid, no TMA stores of O, and the shared memory without the O tile (the same tiles and stages: the kernel the
+    GPU suite ran; the stage the O tile took is not given back)."""
+    from .model import elem_bytes
+    from .v3 import v3_smem_bytes
 
-    if not (plan.persistent or plan.score_skip):
-        return plan
-    options = {**plan.options, "persistent": False, "tma_store_o": False, "score_skip": False}
+    smem = plan.smem_bytes
     if plan.tma_store_o:
-        options["stages"] = None
-    return plan_v3(ir_or_dims, target, **options)
+        smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
+                             elem_bytes(plan.dtype))
+    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, smem_bytes=smem)

@@ -216,7 +216,7 @@ def varlen_fwd_source(ir: AttentionIR, target: Target, kernel_source: KernelSour
         if schedule == "v3":
             if kernel_source is None or kernel_source.schedule != "v3":
                 raise ValueError("varlen_fwd_source: the v3 varlen kernel takes a v3 kernel's plan")
-            plan = without_persistent_grid(kernel_source.plan, ir, target)
+            plan = without_persistent_grid(kernel_source.plan)
         else:
             plan = kernel_source.plan if kernel_source is not None and kernel_source.schedule == "v2" else None
         hit = sched.render(ir, plan if plan is not None else sched.make_plan(ir, target), target, varlen=True)
