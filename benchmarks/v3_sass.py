@@ -102,6 +102,7 @@ def main() -> int:
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a v3 plan option")
     ap.add_argument("--define", action="append", default=[], metavar="NAME",
                     help="compile with '#define NAME 1' in front (A/B of source-level variants)")
+    ap.add_argument("--only", default=None, metavar="TEXT", help="only the kernels whose name contains TEXT")
     args = ap.parse_args()
     options = {k: option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     specs = []
@@ -112,6 +113,8 @@ def main() -> int:
               ("sliding_window d=128", presets.sliding_window(1024, 128)),
               ("dropout d=128", ac.AttentionSpec(head_dim=128, dropout_p=0.1, name="dropout"))]
     for name, spec in specs:
+        if args.only is not None and args.only not in name:
+            continue
         ks = ac.compile(spec, "v3", build=False, target="sm_90", **options).kernel_source
         source = "".join(f"#define {n} 1\n" for n in args.define) + ks.source
         if shutil.which("nvcc"):

@@ -6,7 +6,7 @@ Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (
 alibi_causal, softcap, sliding_window
 (window 1024) or sliding_windowW (window W), fullmask, or a preset name), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
-option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` compiles the kernel with
+option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` (``define=A+B``: both) compiles the kernel with
 ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
@@ -37,7 +37,8 @@ def with_define(kern, name: str):
     functions: the compile cache's object, shared with other callers, stays as it was)."""
     import threading
 
-    ks = dataclasses.replace(kern.kernel_source, source=f"#define {name} 1\n" + kern.kernel_source.source)
+    lines = "".join(f"#define {n} 1\n" for n in name.split("+"))  # define=A+B: both
+    ks = dataclasses.replace(kern.kernel_source, source=lines + kern.kernel_source.source)
     return dataclasses.replace(kern, kernel_source=ks, _loaded={}, _lock=threading.Lock(), _op_id=0, _decode=None,
                                _v2=None, _decode_cp=None)
 

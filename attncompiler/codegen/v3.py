@@ -67,6 +67,7 @@ class V3Schedule:
             q_prescale=plan.q_prescale,
             late_pv_wait=plan.late_pv_wait,
             tma_store_o=plan.tma_store_o,
+            softmax_copies=plan.softmax_copies,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

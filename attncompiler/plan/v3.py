@@ -33,6 +33,7 @@ from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
 from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles
+from .v3_softmax import LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE, softmax_layout  # noqa: F401 (re-exported)
 
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
@@ -115,23 +116,8 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o")
-#: ``late_pv_wait``: in a kernel with one softmax copy (a mask, or ALiBi below d = 256: the branch around the mask
-#: pass only) ptxas hoists the main loop's wait for the previous block's P V from below the softmax to the mask
-#: pass's merge point, above the row maxima and exponentials, so the softmax never runs under that GEMM (SASS, nvcc
-#: 13.0). The option branches right after the softmax on the block's class (uniform over the warpgroup, as
-#: wgmma.wait_group's .aligned asks) and waits in both arms, which keeps the wait below the exponentials (fixed-offset
-#: kernels, which never rescale, and two-copy kernels are unchanged). Measured on an H200 (2026-11-28, N = 16k, bf16,
-#: `v3_sweep.py`, TFLOP/s, default -> option, two calls): d256 causal 681 -> 708 and 723 -> 722, a mask that hides
-#: nothing 697 -> 747 and 736 -> 758; ALiBi d128 1702 -> 1728 and 1731 -> 1798; ALiBi d64 1376 -> 1375; d128 causal
-#: 601 -> 598, sliding window 438 -> 430, document 1506 -> 1499, d64 causal 443 -> 446 (flat to -2 %). A third
-#: call: d192 causal 692 -> 700, fullmask 720 -> 749; d160 causal 595 -> 592, d96 505 -> 503; d256 window 505 -> 512,
-#: document and ALiBi-causal d256 flat; ALiBi-causal d128 1183 -> 1180. An earlier form that voted over the
-#: warpgroup with a named barrier lost 1-3 % at d64 / d128. So it is on by default from LATE_PV_WAIT_MIN_DV on, and
-#: for a separable score_mod without a mask (ALiBi) from LATE_PV_WAIT_MIN_DV_SEPARABLE.
-LATE_PV_WAIT_DEFAULT = True
-LATE_PV_WAIT_MIN_DV = 192
-LATE_PV_WAIT_MIN_DV_SEPARABLE = 128
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies")
+#: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
 #: of the exponentials made plain and softcap (ex2 + tanh: 2 MUFU ops per score) slower or equal at
@@ -162,6 +148,7 @@ class V3Plan(Plan):
     q_prescale: bool = False
     late_pv_wait: bool = False
     tma_store_o: bool = False
+    softmax_copies: int = 2
 
     @property
     def options(self) -> dict[str, Any]:
@@ -169,7 +156,7 @@ class V3Plan(Plan):
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
-                "tma_store_o": self.tma_store_o}
+                "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -274,7 +261,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             persistent: bool | None = None, exp2_poly: int | None = None,
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
-            tma_store_o: bool | None = None) -> V3Plan:
+            tma_store_o: bool | None = None, softmax_copies: int | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -282,7 +269,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     of the score matrix than the two-consumer tile (:func:`attncompiler.plan.band.band_block_m_64`)."""
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
-                              late_pv_wait=late_pv_wait, tma_store_o=tma_store_o)
+                              late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -305,7 +292,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              persistent: bool | None = None, exp2_poly: int | None = None,
              kv_descending: bool | None = None, score_skip: bool | None = None,
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
-             tma_store_o: bool | None = None) -> V3Plan:
+             tma_store_o: bool | None = None, softmax_copies: int | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -489,24 +476,10 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     reasons.append(why_skip)
     qpre, why_qpre = q_prescale_choice(ir_or_dims, q_prescale)
     reasons.append(why_qpre)
-    if late_pv_wait is not None and not isinstance(late_pv_wait, bool):
-        raise PlanError(f"v3: expected late_pv_wait a bool, got {late_pv_wait!r}")
-    # one softmax copy (templates: V3Consumer::kTwoSoftmaxCopies) and a moving row offset: where the option acts
-    one_copy = (getattr(ir_or_dims, "mask_expr", None) is not None or (sep_any and dv < 256)) and not static
-    min_name, min_dv = (("LATE_PV_WAIT_MIN_DV_SEPARABLE", LATE_PV_WAIT_MIN_DV_SEPARABLE) if separable
-                        else ("LATE_PV_WAIT_MIN_DV", LATE_PV_WAIT_MIN_DV))
-    late = (LATE_PV_WAIT_DEFAULT and one_copy and dv >= min_dv) if late_pv_wait is None else late_pv_wait
-    if late and one_copy:
-        reasons.append(f"the previous block's P V waited for below the softmax (late_pv_wait"
-                       f"{' forced' if late_pv_wait else f': DV = {dv} >= {min_name} = {min_dv}'}; "
-                       f"a branch on the block's class right after the softmax)")
-    elif late:
-        reasons.append("late_pv_wait forced, without effect here (two softmax copies or a fixed offset: the wait "
-                       "already stays below the softmax)")
-    elif one_copy:
-        reasons.append(f"the previous block's P V waited for where ptxas puts it (late_pv_wait off: DV = {dv} < "
-                       f"{min_name} = {min_dv}, where it measured flat or slower)"
-                       if late_pv_wait is None else "late_pv_wait off (forced)")
+    copies, late, why_softmax = softmax_layout(
+        masked=getattr(ir_or_dims, "mask_expr", None) is not None, separable=sep_any, static=static, block_n=bn,
+        dv=dv, softmax_copies=softmax_copies, late_pv_wait=late_pv_wait)
+    reasons += why_softmax
     if grid_why is not None:
         reasons.append(grid_why)
     if o_tile:
@@ -524,6 +497,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
+        softmax_copies=copies,
     )
 
 
@@ -533,7 +507,7 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     The space is what :func:`plan_v3` exposes: BLOCK_M (128 or 192: two or three consumer warpgroups),
     BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
-    with TMA stores of O (``tma_store_o``).  Each is checked by :func:`plan_v3` (registers, shared memory);
+    with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies.  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
     differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
@@ -557,6 +531,9 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
                     dist = (steps + int(bn > base.block_n) + max(0, base.stages - st) + grid
                             + int(bm != base.block_m))
                     ranked.append(((dist, int(bm != base.block_m), -bn, -st, grid), p.options))
+    # the model's tile with the other softmax layout (plan/v3_softmax.py: measured per head dim and BLOCK_N)
+    flipped = plan_v3(ir_or_dims, target, **{**base.options, "softmax_copies": 3 - base.softmax_copies})
+    ranked.append(((1, 0, -base.block_n, -base.stages, 0), flipped.options))
     ranked.sort(key=lambda r: r[0])
     out = [base.options]
     out += [o for _, o in ranked if o != base.options]

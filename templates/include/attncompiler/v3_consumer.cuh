@@ -328,14 +328,11 @@ struct V3Consumer {
     }
   }
 
-  // Without a mask the masked softmax only serves the ragged last block: two copies (the branch
-  // outside the softmax) schedule better there, except for a separable score_mod (ALiBi) below d = 256.
-  // With a mask, one copy with the branch around the mask pass alone. Measured on the H200 (same
-  // process, N = 16k), two copies vs one, TFLOP/s: plain d256 722 vs 693, softcap d128 535 vs 510,
-  // plain d128 636 vs 633; ALiBi d64 412 vs 432, d128 562 vs 581, d256 663 vs 647; causal d128 459 vs
-  // 602, sliding window 344 vs 444, causal d64 411 vs 446.
-  static constexpr bool kTwoSoftmaxCopies =
-      !Variant::kHasMask && (!(Variant::kHasScoreMod && Variant::kScoreSeparable) || L::DV >= 256);
+  // Two copies of the softmax (the branch on `masked` outside it) or one (the branch around the mask pass
+  // alone): the planner's choice, plan/v3_softmax.py. With one copy ptxas waits for the previous block's P V
+  // before the exponentials (unless LATE_PV_WAIT); two need `masked` warp-uniform to ptxas (v3_fwd.cuh
+  // needs_mask votes it), else it guards every shuffle of the row reductions as divergent.
+  static constexpr bool kTwoSoftmaxCopies = Cfg::SOFTMAX_COPIES == 2;
   template <bool kFirst = false>
   __device__ __forceinline__ void softmax_dispatch(bool masked, int kv0, int row0, float exp_scale, int b, int h,
                                                    const AttnParams& p, const AttnBuffers& buf, float (&alpha)[2]) {

@@ -345,18 +345,20 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       return true;
     };
 
-    // Whether block j needs the masked softmax for this warpgroup's rows.
+    // Whether block j needs the masked softmax for this warpgroup's rows: the ragged last block, or a tile
+    // that is not FULL (or rows past Nq). Warpgroup-uniform; the warp vote changes no value but tells ptxas the
+    // branch on it is warp-uniform (without it, two softmax copies guard every shuffle as divergent: BRA.DIV).
     auto needs_mask = [&](int j) -> bool {
       const int kv0 = j * BN;
-      if (kv0 + BN > p.Nk) return true;
+      bool m = kv0 + BN > p.Nk;
       if constexpr (Variant::kHasMask) {
-        if (wq_lo > wq_hi) return true;  // no valid rows (results unused)
-#ifdef AC_V3_MASK_OFF  // timing only (wrong results): every block inside the sequence runs the unmasked softmax
-        return false;
+#ifndef AC_V3_MASK_OFF  // timing only (wrong results): every block inside the sequence runs the unmasked softmax
+        // (tile_class only for a block inside the sequence and rows inside Nq: a buffer mask reads its rows)
+        m = m || wq_lo > wq_hi || Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
 #endif
-        return Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
+        m = __any_sync(0xffffffffu, m);
       }
-      return false;
+      return m;
     };
 
     mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
