@@ -308,7 +308,8 @@ def test_compile_auto_uses_tuned_v3_and_auto_entries(tuned_dir: Path, fake_gpu: 
                                                                        "score_skip": False, "q_prescale": False,
                                                                        "late_pv_wait": False,
                                                                        "tma_store_o": False,
-                                                                       "softmax_copies": 2}  # a stored entry's
+                                                                       "softmax_copies": 2,
+                                                                       "half_blocks": False}  # a stored entry's
     # missing options take the planner's defaults
     assert kern.plan.reasons[0].startswith("autotuned on NVIDIA H100 80GB HBM3 for seqlen bucket 4096 (hint 4096): v3")
     # an "auto" entry won by v2 gives a v2 kernel
@@ -372,13 +373,14 @@ def test_tune_candidates_v3_cpu() -> None:
         assert len(v3) == len({tuple(sorted(c.items())) for c in v3}) >= 4
         assert all(set(c) == {"block_n", "stages", "persistent", "exp2_poly", "block_m",
                                  "kv_descending", "score_skip", "q_prescale", "late_pv_wait", "tma_store_o",
-                                 "softmax_copies"}
+                                 "softmax_copies", "half_blocks"}
                    for c in v3)
         assert all(plan_v3(ir, t, **c).options == c for c in v3)  # every one is feasible
         assert any(c["persistent"] for c in v3) and len({c["block_n"] for c in v3}) >= 2
         if ir.head_dim <= 128:  # both grids (d = 256: the O tile costs BLOCK_N, more steps than max_steps)
             assert any(c["tma_store_o"] for c in v3) and any(not c["persistent"] for c in v3)
         assert {c["softmax_copies"] for c in v3} == {1, 2}  # the model's tile with the other softmax layout too
+        assert any(c["half_blocks"] for c in v3) == (ir.mask_expr is not None)  # and with a mask its half blocks
         assert at.tune_candidates(ir, t, "v3", max_candidates=2) == v3[:2]
     assert at.tune_candidates(ProblemDims(40), t, "v3") == []  # v3 cannot tile it: nothing to tune
     assert at.tune_candidates(ProblemDims(96), t, "v3")[0] == plan_v3(ProblemDims(96), t).options  # padded boxes

@@ -503,57 +503,6 @@ def test_plan_late_pv_wait():
     assert "static constexpr bool LATE_PV_WAIT = true;" in _render(presets.causal(256)).source
 
 
-def test_plan_softmax_copies():
-    """softmax_copies: two copies for masks at BLOCK_N <= 128 and DV <= 128 without a separable score_mod or a fixed
-    offset, one elsewhere with a mask; unmasked kernels as the template had it (one for ALiBi below d = 256); forced
-    values reach the kernel; the reasons say which and why; anything but 1 or 2 is refused."""
-    from attncompiler.plan.v3_softmax import MASK_TWO_COPIES_MAX_BN, MASK_TWO_COPIES_MAX_DV
-
-    assert (MASK_TWO_COPIES_MAX_BN, MASK_TWO_COPIES_MAX_DV) == (128, 128)
-    cases = [(presets.causal(128), 2, "BLOCK_N 128 <= MASK_TWO_COPIES_MAX_BN"),
-             (presets.sliding_window(1024, 128), 2, "a mask, BLOCK_N 128"),
-             (presets.sliding_window(1024, 64), 2, "a mask, BLOCK_N"),
-             (presets.causal(64), 1, "BLOCK_N 192 > MASK_TWO_COPIES_MAX_BN = 128"),
-             (presets.causal(256), 1, "DV 256 > MASK_TWO_COPIES_MAX_DV = 128"),
-             (presets.alibi(presets.alibi_slopes(8), 128, causal=True), 1, "(a separable score_mod)"),
-             (presets.softcap(30.0, 128, mask_mod=presets.causal_mask), 1, "(a fixed row offset)"),
-             (presets.plain(128), 2, "the ragged last block"),
-             (presets.softcap(30.0, 128), 2, "the ragged last block"),
-             (presets.alibi(presets.alibi_slopes(8), 128), 1, "DV 128 < SEPARABLE_TWO_COPIES_MIN_DV = 256"),
-             (presets.alibi(presets.alibi_slopes(8), 256), 2, "the ragged last block")]
-    for spec, copies, why in cases:
-        p = plan_v3(build_ir(spec), "sm_90")
-        assert p.softmax_copies == copies, (spec.name, spec.head_dim, p.block_n)
-        assert any(why in r for r in p.reasons), (spec.name, spec.head_dim, p.reasons)
-        assert p.options["softmax_copies"] == copies
-        other = plan_v3(build_ir(spec), "sm_90", softmax_copies=3 - copies)
-        assert other.softmax_copies == 3 - copies and any("(forced)" in r for r in other.reasons)
-        assert f"static constexpr int SOFTMAX_COPIES = {3 - copies};" in _render(spec, softmax_copies=3 - copies).source
-        assert f"static constexpr int SOFTMAX_COPIES = {copies};" in _render(spec).source
-    for bad in (0, 3, True, "2", 2.0):
-        with pytest.raises(PlanError, match=f"expected softmax_copies 1 or 2, got {bad!r}"):
-            plan_v3(build_ir(presets.causal(128)), "sm_90", softmax_copies=bad)
-
-
-@pytest.mark.nvcc
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_nvcc_softmax_copies(head_dim):
-    """Every preset and example also compiles for sm_90a with the other number of softmax copies (nvcc and NVRTC)
-    without serialized wgmmas, and the main presets without spills."""
-    specs = _specs(head_dim)
-    jobs = {}
-    for name, spec in specs.items():
-        copies = plan_v3(build_ir(spec), "sm_90").softmax_copies
-        jobs[name] = _render(spec, softmax_copies=3 - copies).source
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
-    for name, rep in reps.items():
-        assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
-        if name in ("plain", "causal", "sliding_window", "document"):
-            assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
-
-
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("head_dim", [64, 128, 192, 256])

@@ -68,6 +68,7 @@ class V3Schedule:
             late_pv_wait=plan.late_pv_wait,
             tma_store_o=plan.tma_store_o,
             softmax_copies=plan.softmax_copies,
+            half_blocks=plan.half_blocks,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

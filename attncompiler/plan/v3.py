@@ -33,7 +33,8 @@ from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
 from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles
-from .v3_softmax import LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE, softmax_layout  # noqa: F401 (re-exported)
+from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
+                         half_blocks_choice, softmax_layout)
 
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
@@ -116,7 +117,7 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies")
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -149,6 +150,7 @@ class V3Plan(Plan):
     late_pv_wait: bool = False
     tma_store_o: bool = False
     softmax_copies: int = 2
+    half_blocks: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -156,7 +158,8 @@ class V3Plan(Plan):
         return {"block_n": self.block_n, "stages": self.stages, "persistent": self.persistent,
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
-                "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies}
+                "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
+                "half_blocks": self.half_blocks}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -261,7 +264,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             persistent: bool | None = None, exp2_poly: int | None = None,
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
-            tma_store_o: bool | None = None, softmax_copies: int | None = None) -> V3Plan:
+            tma_store_o: bool | None = None, softmax_copies: int | None = None,
+            half_blocks: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -269,7 +273,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     of the score matrix than the two-consumer tile (:func:`attncompiler.plan.band.band_block_m_64`)."""
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
-                              late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies)
+                              late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
+                              half_blocks=half_blocks)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -292,7 +297,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              persistent: bool | None = None, exp2_poly: int | None = None,
              kv_descending: bool | None = None, score_skip: bool | None = None,
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
-             tma_store_o: bool | None = None, softmax_copies: int | None = None) -> V3Plan:
+             tma_store_o: bool | None = None, softmax_copies: int | None = None,
+             half_blocks: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -368,12 +374,18 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 continue
             if block_n is None and bn > pref:
                 continue  # wider than preferred: not considered (listed once below)
+            if block_n is None and half_blocks and bn % 32:
+                rejected.append(f"BLOCK_N={bn}: half_blocks takes a multiple of 32 (two halves of whole k16 steps)")
+                continue
             regs = v3_register_estimate(bn, dv)
+            if half_blocks:  # the half S GEMMs' own accumulators (V3Consumer::acc_h)
+                regs = {**regs, "half S": bn // 4, "total": regs["total"] + bn // 4}
             if ctas == 1 and regs["total"] > consumer_regs:
                 rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {consumer_regs}")
                 continue
-            if ctas > 1 and regs["o"] + regs["s"] + REG_SLACK_MULTI_CTA > reg_cap:
-                rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']} + {REG_SLACK_MULTI_CTA} registers "
+            if ctas > 1 and regs["o"] + regs["s"] + regs.get("half S", 0) + REG_SLACK_MULTI_CTA > reg_cap:
+                half = f" + half S {regs['half S']}" if "half S" in regs else ""
+                rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']}{half} + {REG_SLACK_MULTI_CTA} registers "
                                 f"per thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
                 continue
             fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
@@ -408,11 +420,13 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                                              f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
     bn, smem, regs, st = chosen
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
+    half_s = regs.get("half S", 0)
+    half_txt = f" + half S BLOCK_N/4 = {half_s}" if half_s else ""
     reg_line = (
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
-        f"{regs['p']} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
+        f"{regs['p']}{half_txt} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
         f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)" if ctas == 1 else
-        f"registers per thread: O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + slack {REG_SLACK_MULTI_CTA} "
+        f"registers per thread: O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']}{half_txt} + slack {REG_SLACK_MULTI_CTA} "
         f"<= {reg_cap}, what ptxas gives each of {ctas} CTAs x {32 * nw} threads per SM (P reuses S's registers)")
     reasons = [
         (f"D={d}, DV={dv} ({dims.dtype}): multiples of {HEAD_DIM_MULTIPLE} (k16 steps) and <= {HEAD_DIM_MAX_V3}, "
@@ -480,6 +494,10 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         masked=getattr(ir_or_dims, "mask_expr", None) is not None, separable=sep_any, static=static, block_n=bn,
         dv=dv, softmax_copies=softmax_copies, late_pv_wait=late_pv_wait)
     reasons += why_softmax
+    halves, why_halves = half_blocks_choice(masked=getattr(ir_or_dims, "mask_expr", None) is not None, block_n=bn,
+                                            half_blocks=half_blocks)
+    if why_halves is not None:
+        reasons.append(why_halves)
     if grid_why is not None:
         reasons.append(grid_why)
     if o_tile:
@@ -497,7 +515,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
-        softmax_copies=copies,
+        softmax_copies=copies, half_blocks=halves,
     )
 
 
@@ -507,7 +525,8 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     The space is what :func:`plan_v3` exposes: BLOCK_M (128 or 192: two or three consumer warpgroups),
     BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
-    with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies.  Each is checked by :func:`plan_v3` (registers, shared memory);
+    with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, and with a
+    mask its half-block plan (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
     differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
@@ -534,6 +553,13 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     # the model's tile with the other softmax layout (plan/v3_softmax.py: measured per head dim and BLOCK_N)
     flipped = plan_v3(ir_or_dims, target, **{**base.options, "softmax_copies": 3 - base.softmax_copies})
     ranked.append(((1, 0, -base.block_n, -base.stages, 0), flipped.options))
+    if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
+        try:
+            half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,
+                           tma_store_o=base.tma_store_o)
+            ranked.append(((1, 0, -half.block_n, -half.stages, 0), half.options))
+        except PlanError:
+            pass
     ranked.sort(key=lambda r: r[0])
     out = [base.options]
     out += [o for _, o in ranked if o != base.options]

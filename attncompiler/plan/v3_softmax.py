@@ -1,5 +1,5 @@
-"""v3 planning: how the consumer's main loop lays out its softmax (plan options ``softmax_copies`` and
-``late_pv_wait``).
+"""v3 planning: how the consumer's main loop lays out its softmax and GEMMs (plan options ``softmax_copies``,
+``late_pv_wait`` and ``half_blocks``).
 
 Every K/V block either needs the masked softmax (a PARTIAL tile for the warpgroup's rows, or the ragged last
 block) or not.  The kernel either keeps **two copies** of the softmax, one per kind, and branches on the block's
@@ -11,6 +11,11 @@ exponentials on its own.  The class is voted warp-uniform (``__any_sync``) in ma
 ptxas treats the branch between the copies as divergent and guards every shuffle of the row reductions
 (``BRA.DIV``, ``BSSY``), which made two copies slower than one before (thirty-first session).
 
+``half_blocks``: a visited K/V block whose low or high half of keys the mask leaves EMPTY for a consumer
+warpgroup's 64 rows (a causal diagonal, a sliding window's far edge) takes that warpgroup's S and P V GEMMs over
+the other half only: a window of W keys then costs W + 64 + BLOCK_N / 2 keys per row instead of W + 128 + ...
+with BLOCK_M = 128 (the two-consumer tile's floor at W = 1024: 1088 / 1025 instead of 1152 / 1025).
+
 Pure functions over named constants; the numbers behind each constant are in its comment.
 """
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 from .model import PlanError
 
 __all__ = ["LATE_PV_WAIT_DEFAULT", "LATE_PV_WAIT_MIN_DV", "LATE_PV_WAIT_MIN_DV_SEPARABLE", "MASK_TWO_COPIES_MAX_BN",
-           "MASK_TWO_COPIES_MAX_DV", "SEPARABLE_TWO_COPIES_MIN_DV", "softmax_layout"]
+           "MASK_TWO_COPIES_MAX_DV", "SEPARABLE_TWO_COPIES_MIN_DV", "HALF_BLOCKS_DEFAULT", "softmax_layout",
+           "half_blocks_choice"]
 
 #: ``late_pv_wait``: in a kernel with one softmax copy the option branches right after the softmax on the block's
 #: class (uniform over the warpgroup, as wgmma.wait_group's .aligned asks) and waits in both arms, which keeps the
@@ -101,3 +107,23 @@ def softmax_layout(*, masked: bool, separable: bool, static: bool, block_n: int,
                        f"{min_name} = {min_dv}, where it measured flat or slower)"
                        if late_pv_wait is None else "late_pv_wait off (forced)")
     return copies, late, reasons
+
+
+#: ``half_blocks`` is off unless asked for: not yet measured against the whole-block GEMMs (thirty-first session).
+HALF_BLOCKS_DEFAULT = False
+
+
+def half_blocks_choice(*, masked: bool, block_n: int, half_blocks: bool | None) -> tuple[bool, str | None]:
+    """(half_blocks, reason or None): forced on only with a mask and BLOCK_N a multiple of 32 (each half a whole
+    number of P V k16 steps), refused otherwise with what was expected."""
+    if half_blocks is not None and not isinstance(half_blocks, bool):
+        raise PlanError(f"v3: expected half_blocks a bool, got {half_blocks!r}")
+    if half_blocks:
+        if not masked:
+            raise PlanError("v3: half_blocks expected a mask (the halves it may leave EMPTY), got a spec without one")
+        if block_n % 32:
+            raise PlanError(f"v3: half_blocks expected BLOCK_N a multiple of 32 (two halves of whole k16 steps), "
+                            f"got {block_n}")
+        return True, (f"half blocks (forced): a K/V block whose low or high {block_n // 2} keys are EMPTY for a "
+                      f"consumer warpgroup's rows takes its GEMMs over the other half only")
+    return False, None

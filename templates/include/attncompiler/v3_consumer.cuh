@@ -84,6 +84,9 @@ struct V3Consumer {
 
   float acc_o[NO];
   float acc_s[NS];
+  // HALF_BLOCKS: S of one half of a block (its own registers: a half-width wgmma into half of acc_s, mixed
+  // with whole-width ones, makes ptxas serialize every wgmma, C7511); take_half moves it into acc_s.
+  float acc_h[Cfg::HALF_BLOCKS ? NS / 2 : 1];
   unsigned int p_frag[L::KT_PV][4];
   float row_max[2];  // log2 domain (with a fixed offset: set by the first block, then constant)
   float row_sum[2];  // this thread's partial sums (reduced over the quad in the epilogue)
@@ -113,6 +116,66 @@ struct V3Consumer {
 #pragma unroll
     for (int kk = 0; kk < L::KT_PV; ++kk) wgmma_pv(acc_o, p_frag[kk], dv + ((kk * 16 * 128) >> 4));
     reg_fence(acc_o);
+  }
+
+  // HALF_BLOCKS: the GEMMs of one block over a part of its keys. part 0: all of them (issue_qk / issue_pv);
+  // 1: the low half only, 2: the high half only (the other half EMPTY for this warpgroup's rows: its S
+  // registers keep stale values, which the masked softmax sets to -inf, so its P are 0 and P V skips them).
+  // The K rows of the high half start BN/2 rows into each 64-column box (BN/2 * 128 bytes: whole 8-row
+  // swizzle atoms); its P V k16 steps are the upper KT_PV / 2. `part` must be warp-uniform (a branch around
+  // wgmma).
+  __device__ __forceinline__ void issue_qk_part(int part, unsigned int sQ, unsigned int sK, int wg) {
+    if constexpr (Cfg::HALF_BLOCKS) {
+      if (part != 0) {
+        reg_fence(acc_h);
+        const unsigned long long dq = opaque_u64(wgmma_desc_sw128(sQ + wg * 64 * 128, 16, 1024));
+        const unsigned long long dk = opaque_u64(wgmma_desc_sw128(sK, 16, 1024));
+        const unsigned int k_off = part == 1 ? 0u : (BN / 2) * 128u;  // the high half: BN/2 rows on
+#pragma unroll
+        for (int kk = 0; kk < L::D / 16; ++kk) {
+          const unsigned int box = kk / 4, off = (kk % 4) * 32;
+          wgmma_qk_half(acc_h, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + k_off + off) >> 4),
+                        kk > 0 ? 1 : 0);
+        }
+        reg_fence(acc_h);
+        return;
+      }
+    }
+    issue_qk(sQ, sK, wg);
+  }
+  // After the wait for a half S: acc_h into the low (kHi false) or high half of acc_s (kSepInAcc: added to
+  // the column terms init_s put there).
+  template <bool kHi>
+  __device__ __forceinline__ void take_half() {
+    if constexpr (Cfg::HALF_BLOCKS) {
+#pragma unroll
+      for (int i = 0; i < NS / 2; ++i) {
+        if constexpr (kSepInAcc) {
+          acc_s[i + (kHi ? NS / 2 : 0)] += acc_h[i];
+        } else {
+          acc_s[i + (kHi ? NS / 2 : 0)] = acc_h[i];
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ void issue_pv_part(int part, unsigned int sV) {
+    if constexpr (Cfg::HALF_BLOCKS) {
+      if (part != 0) {
+        static_assert(L::KT_PV % 2 == 0, "half blocks: an even number of P V k16 steps");
+        reg_fence(acc_o);
+        const unsigned long long dv = opaque_u64(wgmma_desc_sw128(sV, BN * 128, 1024));
+        if (part == 1) {
+#pragma unroll
+          for (int kk = 0; kk < L::KT_PV / 2; ++kk) wgmma_pv(acc_o, p_frag[kk], dv + ((kk * 16 * 128) >> 4));
+        } else {
+#pragma unroll
+          for (int kk = L::KT_PV / 2; kk < L::KT_PV; ++kk) wgmma_pv(acc_o, p_frag[kk], dv + ((kk * 16 * 128) >> 4));
+        }
+        reg_fence(acc_o);
+        return;
+      }
+    }
+    issue_pv(sV);
   }
 
   // The score_mod's separable form (Variant::kScoreSeparable, ir/scoreform.py): x = coef * s + col,

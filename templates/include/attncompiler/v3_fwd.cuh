@@ -293,6 +293,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   constexpr bool kWgWalk = Variant::kHasMask && NC >= 2 && BN < BM;
 #endif
 
+  // HALF_BLOCKS with a mask: a block's GEMMs over the half of its keys the warpgroup's rows can see (part_of)
+  constexpr bool kHalf = Cfg::HALF_BLOCKS && Variant::kHasMask;
+
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
   unsigned int phase = 0;
@@ -361,6 +364,26 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       return m;
     };
 
+    // HALF_BLOCKS: which keys of visited block j this warpgroup multiplies (V3Consumer::issue_qk_part): 0 all,
+    // 1 the low half (the high one EMPTY for its rows), 2 the high half; voted warp-uniform (a branch around
+    // wgmma). Classified only inside the sequence and for rows inside Nq (a buffer mask reads its rows); always
+    // 0 when off or without a mask.
+    auto part_of = [&](int j) -> int {
+      if constexpr (kHalf) {
+        const int kv0 = j * BN;
+        bool lo_empty = false, hi_empty = false;
+        if (walk.valid(j) && kv0 + BN <= p.Nk && wq_lo <= wq_hi) {
+          lo_empty = Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN / 2 - 1, p, buf) == AC_TILE_EMPTY;
+          hi_empty = Variant::tile_class(b, h, wq_lo, wq_hi, kv0 + BN / 2, kv0 + BN - 1, p, buf) == AC_TILE_EMPTY;
+        }
+        hi_empty = __any_sync(0xffffffffu, hi_empty);
+        lo_empty = __any_sync(0xffffffffu, lo_empty);
+        return hi_empty ? 1 : (lo_empty ? 2 : 0);
+      } else {
+        return 0;
+      }
+    };
+
     mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
     if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
       asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
@@ -381,17 +404,42 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     }
     if (walk.valid(j)) {
       // Block 0: S_0 only.
+      int part = part_of(j);
       st.init_s(j * BN, row0, b, h, p, buf);
       mbar_wait(full_k(s), phase);
       turn_wait();
-      wgmma_fence();
-      st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
-      wgmma_commit();
-      turn_grant();
-      // The block walk runs while the GEMMs do: off the path from S to the next issue.
-      bool masked = needs_mask(j);
-      int j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-      wgmma_wait<0>();
+      bool masked;
+      int j_next, part_next;
+      auto s0_step = [&](int pt) {
+        wgmma_fence();
+        st.issue_qk_part(pt, sQ, sKV0 + s * L::kStageBytes, wg);
+        wgmma_commit();
+        turn_grant();
+        // The block walk runs while the GEMMs do: off the path from S to the next issue.
+        masked = needs_mask(j);
+        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+        part_next = part_of(j_next);
+        wgmma_wait<0>();
+      };
+      // kHalf: each part's S GEMM runs from its issue to the wait for it in an arm of its own, so no merge point
+      // has wgmmas of different shapes in flight (merged, ptxas serializes every wgmma: C7515); the markers keep
+      // the arms from being merged again. The half GEMMs write acc_h (into half of acc_s: C7511).
+      if constexpr (kHalf) {
+        if (part == 0) {
+          s0_step(0);
+          asm volatile("// half_blocks: S_0 of the whole block" ::: "memory");
+        } else if (part == 1) {
+          s0_step(1);
+          st.template take_half<false>();
+          asm volatile("// half_blocks: S_0 of the low half" ::: "memory");
+        } else {
+          s0_step(2);
+          st.template take_half<true>();
+          asm volatile("// half_blocks: S_0 of the high half" ::: "memory");
+        }
+      } else {
+        s0_step(0);
+      }
       reg_fence(st.acc_s);
       AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
       mbar_arrive(empty_k(s));
@@ -403,25 +451,46 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
       int s_prev = s;
       unsigned int phase_prev = phase;
+      int part_prev = part;
       if (++s == STAGES) {
         s = 0;
         phase ^= 1u;
       }
       j = j_next;
+      part = part_next;
       while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
         turn_wait();
-        wgmma_fence();
-        st.issue_qk(sQ, sKV0 + s * L::kStageBytes, wg);
-        wgmma_commit();
-        mbar_wait(full_v(s_prev), phase_prev);
-        st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
-        wgmma_commit();
-        turn_grant();
-        masked = needs_mask(j);
-        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-        wgmma_wait<1>();
+        auto step = [&](int pt) {
+          wgmma_fence();
+          st.issue_qk_part(pt, sQ, sKV0 + s * L::kStageBytes, wg);
+          wgmma_commit();
+          mbar_wait(full_v(s_prev), phase_prev);
+          st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+          wgmma_commit();
+          turn_grant();
+          masked = needs_mask(j);
+          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+          part_next = part_of(j_next);
+          wgmma_wait<1>();
+        };
+        if constexpr (kHalf) {  // (as for S_0 above)
+          if (part == 0) {
+            step(0);
+            asm volatile("// half_blocks: S of the whole block" ::: "memory");
+          } else if (part == 1) {
+            step(1);
+            st.template take_half<false>();
+            asm volatile("// half_blocks: S of the low half" ::: "memory");
+          } else {
+            step(2);
+            st.template take_half<true>();
+            asm volatile("// half_blocks: S of the high half" ::: "memory");
+          }
+        } else {
+          step(0);
+        }
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
@@ -454,11 +523,13 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         st.convert_p(j * BN, row0, b, h, p);
         s_prev = s;
         phase_prev = phase;
+        part_prev = part;
         if (++s == STAGES) {
           s = 0;
           phase ^= 1u;
         }
         j = j_next;
+        part = part_next;
 #ifdef AC_V3_TRACE
         ++trace_blocks;
 #endif
@@ -470,7 +541,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_wait(full_v(s_prev), phase_prev);
       turn_wait();
       wgmma_fence();
-      st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+      st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
       wgmma_commit();
       turn_grant();
       wgmma_wait<0>();
