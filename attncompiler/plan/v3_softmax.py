@@ -47,7 +47,8 @@ LATE_PV_WAIT_MIN_DV_SEPARABLE = 128
 #: 607.4 -> 619.7 (BN 128); document d128 1504.5 -> 1524.6; a mask that hides nothing d128 593.4 -> 607.9 (plain
 #: 659.4); but causal d64 (BN 192) 446.0 -> 437.5 and causal d256 (BN 80, DV 256, late_pv_wait) 717.6 -> 693.7.
 #: Traces (`v3_trace.py`): the window's main loop per block 1.59 -> 1.53 us, the all-FULL mask's 1.55 -> 1.46
-#: (plain 1.43).
+#: (plain 1.43). A second call (`run_copies_check.sh`, 3 rounds, the option in the planner): causal d128 613.3 ->
+#: 627.8, sliding window d128 474.4 -> 475.8 (its rounds spread 444-484).
 MASK_TWO_COPIES_MAX_BN = 128
 MASK_TWO_COPIES_MAX_DV = 128
 #: Without a mask the masked softmax serves only the ragged last block: two copies, except for a separable
@@ -109,15 +110,23 @@ def softmax_layout(*, masked: bool, separable: bool, static: bool, block_n: int,
     return copies, late, reasons
 
 
-#: ``half_blocks`` is off unless asked for: not yet measured against the whole-block GEMMs (thirty-first session).
+#: ``half_blocks`` is off unless asked for (the autotuner tries it for masks): it computes less but measured slower.
+#: H200, 2026-11-29, `benchmarks/run_half_blocks.sh`, N = 16k, bf16, 3 interleaved rounds, TFLOP/s, default ->
+#: half_blocks: sliding window 1024 d128 469.1 -> 454.3, d64 343.8 -> 306.7 (BLOCK_N 128 both), causal d128
+#: 634.6 -> 597.7. The main loop is not bound by the tensor cores' work there: the half GEMMs' arms and copies
+#: (take_half) and the fences ptxas injects around them (C7519) cost more than the half GEMMs save.
 HALF_BLOCKS_DEFAULT = False
 
 
 def half_blocks_choice(*, masked: bool, block_n: int, half_blocks: bool | None) -> tuple[bool, str | None]:
     """(half_blocks, reason or None): forced on only with a mask and BLOCK_N a multiple of 32 (each half a whole
-    number of P V k16 steps), refused otherwise with what was expected."""
+    number of P V k16 steps), refused otherwise with what was expected; by default HALF_BLOCKS_DEFAULT where it
+    applies."""
     if half_blocks is not None and not isinstance(half_blocks, bool):
         raise PlanError(f"v3: expected half_blocks a bool, got {half_blocks!r}")
+    if half_blocks is None:
+        on = HALF_BLOCKS_DEFAULT and masked and block_n % 32 == 0
+        return on, ("half blocks (HALF_BLOCKS_DEFAULT)" if on else None)
     if half_blocks:
         if not masked:
             raise PlanError("v3: half_blocks expected a mask (the halves it may leave EMPTY), got a spec without one")
