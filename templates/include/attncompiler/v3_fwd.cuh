@@ -47,8 +47,10 @@
 // tiles of S, how many take their exponentials on the FMA pipes: 0..8), KV_DESCENDING (the walk's
 // order), SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin) and Q_PRESCALE
 // (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q), VARLEN (packed sequences:
-// TMA rows offset by the sequence's first row, V3Rows) and TMA_STORE_O (the persistent grid's epilogue
-// writes O by TMA stores from an O tile of its own: v3_epilogue_tma).
+// TMA rows offset by the sequence's first row, V3Rows), TMA_STORE_O (the persistent grid's epilogue
+// writes O by TMA stores from an O tile of its own: v3_epilogue_tma), SOFTMAX_COPIES (1 or 2: V3Consumer::
+// kTwoSoftmaxCopies) and HALF_BLOCKS (a block whose low or high half is EMPTY for a warpgroup's rows takes its
+// GEMMs over the other half: part_of, v3_by_part, V3Consumer::issue_qk_part / issue_pv_part).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -99,6 +101,30 @@ __device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, c
 }
 
 // Maps: V3Maps, or V3MapsO with Cfg::TMA_STORE_O (the o map of the epilogue's TMA stores).
+// HALF_BLOCKS with a mask: `issue_and_wait(part)` (a block's GEMM issue up to the wait for its S) runs in an arm
+// of its own per part, then a half S moves into acc_s. So no merge point has wgmmas of different shapes in flight
+// (merged, ptxas serializes every wgmma: C7515), and the markers keep the arms from being merged again; the half
+// GEMMs write acc_h (into half of acc_s: C7511). Otherwise `issue_and_wait(0)`.
+template <class Cfg, class F>
+__device__ __forceinline__ void v3_by_part(V3Consumer<Cfg>& st, int part, F& issue_and_wait) {
+  if constexpr (Cfg::HALF_BLOCKS && Variant::kHasMask) {
+    if (part == 0) {
+      issue_and_wait(0);
+      asm volatile("// half_blocks: the whole block" ::: "memory");
+    } else if (part == 1) {
+      issue_and_wait(1);
+      st.template take_half<false>();
+      asm volatile("// half_blocks: the low half" ::: "memory");
+    } else {
+      issue_and_wait(2);
+      st.template take_half<true>();
+      asm volatile("// half_blocks: the high half" ::: "memory");
+    }
+  } else {
+    issue_and_wait(0);
+  }
+}
+
 template <class Cfg, class Maps>
 __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const Maps& maps) {
   using L = V3Layout<Cfg>;
@@ -421,25 +447,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         part_next = part_of(j_next);
         wgmma_wait<0>();
       };
-      // kHalf: each part's S GEMM runs from its issue to the wait for it in an arm of its own, so no merge point
-      // has wgmmas of different shapes in flight (merged, ptxas serializes every wgmma: C7515); the markers keep
-      // the arms from being merged again. The half GEMMs write acc_h (into half of acc_s: C7511).
-      if constexpr (kHalf) {
-        if (part == 0) {
-          s0_step(0);
-          asm volatile("// half_blocks: S_0 of the whole block" ::: "memory");
-        } else if (part == 1) {
-          s0_step(1);
-          st.template take_half<false>();
-          asm volatile("// half_blocks: S_0 of the low half" ::: "memory");
-        } else {
-          s0_step(2);
-          st.template take_half<true>();
-          asm volatile("// half_blocks: S_0 of the high half" ::: "memory");
-        }
-      } else {
-        s0_step(0);
-      }
+      v3_by_part<Cfg>(st, part, s0_step);
       reg_fence(st.acc_s);
       AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
       mbar_arrive(empty_k(s));
@@ -475,22 +483,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           part_next = part_of(j_next);
           wgmma_wait<1>();
         };
-        if constexpr (kHalf) {  // (as for S_0 above)
-          if (part == 0) {
-            step(0);
-            asm volatile("// half_blocks: S of the whole block" ::: "memory");
-          } else if (part == 1) {
-            step(1);
-            st.template take_half<false>();
-            asm volatile("// half_blocks: S of the low half" ::: "memory");
-          } else {
-            step(2);
-            st.template take_half<true>();
-            asm volatile("// half_blocks: S of the high half" ::: "memory");
-          }
-        } else {
-          step(0);
-        }
+        v3_by_part<Cfg>(st, part, step);
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
