@@ -51,10 +51,7 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, unsigned int ss
                "r"(bytes)
                : "memory");
 }
-// (bulk_commit, bulk_wait_read_all, bulk_wait_all: bulk_copy.cuh)
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+// (bulk_commit, bulk_wait_read_all, bulk_wait_all, bulk_fence_proxy_async_smem: bulk_copy.cuh)
 
 // *addr += (a, b) for 8-byte aligned addr, without returning the old value.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {

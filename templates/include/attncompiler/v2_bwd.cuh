@@ -220,7 +220,7 @@ __device__ __forceinline__ void dq_product_red(unsigned int s_ds, unsigned int s
     if constexpr (L::kDqBulk) {
       // The staged tile's rows are contiguous CQ*4-byte segments of dQ: one bulk reduce (TMA) per
       // row, issued by lane r for row r, with no register operands and no LSU queue entries.
-      fence_proxy_async_shared();
+      bulk_fence_proxy_async_smem();
       __syncwarp();
 #pragma unroll
       for (int r0 = 0; r0 < L::RQ; r0 += 32) {

@@ -404,7 +404,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
     }
     // The generic-proxy stores of dS^T become visible to the wgmma (async proxy), then the warpgroups whose
     // dQ reads them learn that they are written.
-    fence_proxy_async_shared();
+    bulk_fence_proxy_async_smem();
     if constexpr (!kCross) {
       named_bar_sync(9 + wg, 128);
     } else if constexpr (Cfg::DQ_DEFER) {

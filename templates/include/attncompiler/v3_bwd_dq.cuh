@@ -70,7 +70,7 @@ __device__ __forceinline__ void v3_bwd_dq_staged(const float (&acc)[L::DQ_CHUNK 
     st_shared_f32x2(s_stage + L::dq_tile_offset(g + 8, nt * 8 + 2 * t) * 4, acc[4 * nt + 2], acc[4 * nt + 3]);
   }
   if constexpr (L::DQ_RED == 2) {
-    fence_proxy_async_shared();
+    bulk_fence_proxy_async_smem();
     __syncwarp();
     if (lane == 0) {
       // deterministic: the turn was taken by an acquire (generic proxy); order this reduction after it
