@@ -100,7 +100,6 @@ __device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, c
   return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
 }
 
-// Maps: V3Maps, or V3MapsO with Cfg::TMA_STORE_O (the o map of the epilogue's TMA stores).
 // HALF_BLOCKS with a mask: `issue_and_wait(part)` (a block's GEMM issue up to the wait for its S) runs in an arm
 // of its own per part, then a half S moves into acc_s. So no merge point has wgmmas of different shapes in flight
 // (merged, ptxas serializes every wgmma: C7515), and the markers keep the arms from being merged again; the half
@@ -125,6 +124,7 @@ __device__ __forceinline__ void v3_by_part(V3Consumer<Cfg>& st, int part, F& iss
   }
 }
 
+// Maps: V3Maps, or V3MapsO with Cfg::TMA_STORE_O (the o map of the epilogue's TMA stores).
 template <class Cfg, class Maps>
 __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const Maps& maps) {
   using L = V3Layout<Cfg>;
