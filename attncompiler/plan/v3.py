@@ -34,7 +34,7 @@ from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
 from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
-                         half_blocks_choice, softmax_layout)
+                         HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
 __all__ = [
     "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
@@ -365,6 +365,10 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         pref = band[0]
     limit = v3_smem_limit(t, ctas)
     per_block = "per block" if ctas == 1 else f"per block ({ctas} CTAs per SM)"
+    # half blocks asked for (or on by default with a mask): BLOCK_N a multiple of 32, the half S registers counted
+    halves_wanted = bool(half_blocks) if half_blocks is not None else (
+        HALF_BLOCKS_DEFAULT and getattr(ir_or_dims, "mask_expr", None) is not None)
+
     def search(o_tile: bool) -> tuple[tuple | None, list[str]]:
         """(BLOCK_N, smem, registers, stages) of the widest BLOCK_N that fits, and the rejected candidates."""
         rejected: list[str] = []
@@ -374,11 +378,11 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 continue
             if block_n is None and bn > pref:
                 continue  # wider than preferred: not considered (listed once below)
-            if block_n is None and half_blocks and bn % 32:
+            if block_n is None and halves_wanted and bn % 32:
                 rejected.append(f"BLOCK_N={bn}: half_blocks takes a multiple of 32 (two halves of whole k16 steps)")
                 continue
             regs = v3_register_estimate(bn, dv)
-            if half_blocks:  # the half S GEMMs' own accumulators (V3Consumer::acc_h)
+            if halves_wanted:  # the half S GEMMs' own accumulators (V3Consumer::acc_h)
                 regs = {**regs, "half S": bn // 4, "total": regs["total"] + bn // 4}
             if ctas == 1 and regs["total"] > consumer_regs:
                 rejected.append(f"BLOCK_N={bn}: ~{regs['total']} registers per consumer thread > {consumer_regs}")
