@@ -69,7 +69,6 @@ class V3Schedule:
             tma_store_o=plan.tma_store_o,
             softmax_copies=plan.softmax_copies,
             half_blocks=plan.half_blocks,
-            carry_tiles=plan.carry_tiles,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

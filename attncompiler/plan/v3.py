@@ -32,7 +32,6 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_carry import CARRY_TILES_DEFAULT, with_carry  # noqa: F401 (re-exported)
 from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
@@ -118,7 +117,7 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "carry_tiles")
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -152,7 +151,6 @@ class V3Plan(Plan):
     tma_store_o: bool = False
     softmax_copies: int = 2
     half_blocks: bool = False
-    carry_tiles: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -161,7 +159,7 @@ class V3Plan(Plan):
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
-                "half_blocks": self.half_blocks, "carry_tiles": self.carry_tiles}
+                "half_blocks": self.half_blocks}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -193,14 +191,12 @@ def v3_head_dim_error(d: int, dv: int) -> str | None:
 
 
 def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2,
-                  o_tile: bool = False, q_tiles: int = 1) -> int:
-    """``q_tiles`` Q tiles (2: ``carry_tiles``) + STAGES x (K + V) tiles [+ the O tile of ``tma_store_o``] + mbarriers
-    + the tile word + the 1024-byte alignment slack (as V3Layout); head dims count whole 64-column boxes
-    (:func:`v3_padded`)."""
-    n_bars = 2 * q_tiles + 4 * stages
+                  o_tile: bool = False) -> int:
+    """Q tile + STAGES x (K + V) tiles [+ the O tile of ``tma_store_o``] + mbarriers + the tile word + the
+    1024-byte alignment slack (as V3Layout); head dims count whole 64-column boxes (:func:`v3_padded`)."""
+    n_bars = 2 + 4 * stages
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
-    return (SMEM_ALIGN_SLACK + eb * (q_tiles * block_m * dp + stages * block_n * (dp + dvp)
-                                     + (block_m * dvp if o_tile else 0))
+    return (SMEM_ALIGN_SLACK + eb * (block_m * dp + stages * block_n * (dp + dvp) + (block_m * dvp if o_tile else 0))
             + MBARRIER_BYTES * n_bars + TILE_WORD_BYTES)
 
 
@@ -269,7 +265,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
-            half_blocks: bool | None = None, carry_tiles: bool | None = None) -> V3Plan:
+            half_blocks: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -281,24 +277,19 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                               half_blocks=half_blocks)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
-    t = resolve_target(target)
-
-    def carry(p: V3Plan) -> V3Plan:  # plan/v3_carry.py
-        return with_carry(p, ir_or_dims, t, carry_tiles, stages_forced=stages is not None)
-
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
-        return carry(base)
+        return base
     try:
         plan_64 = _plan_v3(ir_or_dims, target, block_m=WGMMA_M, **kw)
     except PlanError:
-        return carry(base)  # one consumer warpgroup does not fit this head dim (registers under two CTAs per SM)
+        return base  # one consumer warpgroup does not fit this head dim (registers under two CTAs per SM)
     why = band_block_m_64(mask, base.block_m, base.block_n, plan_64.block_n)
     if why is None:
-        return carry(base)
+        return base
     reasons = tuple(f"BLOCK_M = {WGMMA_M} rows (wgmma M) x 1 consumer warpgroup = {WGMMA_M}: {why}; one producer "
                     f"warpgroup -> {plan_64.num_warps} warps ({plan_64.num_threads} threads)"
                     if r.startswith("BLOCK_M =") else r for r in plan_64.reasons)
-    return carry(dataclasses.replace(plan_64, reasons=reasons))
+    return dataclasses.replace(plan_64, reasons=reasons)
 
 
 def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None = None,

@@ -56,14 +56,13 @@ def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, s
 
 def without_persistent_grid(plan: Any) -> Any:
     """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
-    grid, no TMA stores of O, no carried tiles, and the shared memory without the O tile and the second Q tile (the same tiles and stages: the kernel the
+    grid, no TMA stores of O, and the shared memory without the O tile (the same tiles and stages: the kernel the
     GPU suite ran; the stage the O tile took is not given back)."""
     from .model import elem_bytes
     from .v3 import v3_smem_bytes
 
     smem = plan.smem_bytes
-    if plan.tma_store_o or plan.carry_tiles:
+    if plan.tma_store_o:
         smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
                              elem_bytes(plan.dtype))
-    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, carry_tiles=False,
-                               smem_bytes=smem)
+    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, smem_bytes=smem)

@@ -39,14 +39,10 @@ struct V3Layout {
   // Cfg::TMA_STORE_O: the O tile the epilogue stages for its TMA stores, after the K/V ring (DVB boxes of BM rows)
   static constexpr int kOOffset = kQBytes + STAGES * kStageBytes;
   static constexpr int kOBytes = Cfg::TMA_STORE_O ? BM * DVB * 128 : 0;
-  // Cfg::CARRY_TILES: a second Q tile after the O tile (the next tile's Q lands while this one's runs)
-  static constexpr int QBUF = Cfg::CARRY_TILES ? 2 : 1;
-  static constexpr int kQ1Offset = kOOffset + kOBytes;
-  static constexpr int kBarOffset = kQ1Offset + (QBUF - 1) * kQBytes;
-  // Q full + Q free per Q tile, and full K, full V, empty K, empty V per stage
-  static constexpr int kNumBars = 2 * QBUF + 4 * STAGES;
+  static constexpr int kBarOffset = kOOffset + kOBytes;
+  static constexpr int kNumBars = 2 + 4 * STAGES;
   static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
-  static constexpr int kTileWordBytes = 8;           // after the barriers: the walk's first block per Q tile (SCORE_SKIP)
+  static constexpr int kTileWordBytes = 8;           // after the barriers: the walk's first block (SCORE_SKIP)
   static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars + kTileWordBytes;
   static constexpr int NS = BN / 2;                   // S accumulator floats per thread
   static constexpr int NO = DV / 2;                   // O accumulator floats per thread
@@ -61,7 +57,6 @@ struct V3Layout {
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kOBytes % 1024 == 0,
                 "1024-byte aligned tiles");
   static_assert(!Cfg::TMA_STORE_O || Cfg::PERSISTENT, "the O tile's TMA stores are the persistent grid's epilogue");
-  static_assert(!Cfg::CARRY_TILES || Cfg::PERSISTENT, "carried tiles: the persistent grid's tile after tile");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };
 

@@ -146,13 +146,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   // the tile word (SCORE_SKIP): the walk's first block of the current tile, written by the producer
   // before its arrival on barQ, read by the consumers after their wait on it
   const unsigned int sTileWord = bars + 8u * L::kNumBars;
-  // CARRY_TILES: two Q tiles; tile number `it` (of this CTA) takes Q tile it % QBUF, with its own Q / Q free
-  // barriers (phase (it / QBUF) & 1) and tile word
-  constexpr int QBUF = L::QBUF;
-  auto q_tile = [&](int qb) { return qb == 0 ? sQ : base + L::kQ1Offset; };
-  auto bar_q = [&](int qb) { return qb == 0 ? barQ : bars + 8u * (2 + 4 * STAGES); };
-  auto bar_qfree = [&](int qb) { return qb == 0 ? barQfree : bars + 8u * (3 + 4 * STAGES); };
-  auto tile_word = [&](int qb) { return sTileWord + 4u * qb; };
   auto full_k = [&](int s) { return bars + 8u * (1 + s); };
   auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
   auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
@@ -175,11 +168,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #endif
 
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int qb = 0; qb < QBUF; ++qb) {
-      mbar_init(bar_q(qb), 1);
-      mbar_init(bar_qfree(qb), NC * 128);
-    }
+    mbar_init(barQ, 1);
+    mbar_init(barQfree, NC * 128);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_k(s), 1);
@@ -240,18 +230,16 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         // The first tile's Q went out at the start (thread 0 above); a later tile's Q goes after its
         // K_0 (which only needs a ring slot), so that K_0 is in flight while the previous tile's last
         // S GEMMs finish and free Q.
-        const int qb = it % QBUF;
         auto load_q = [&]() {
-          // the S GEMMs of the tile that last used this Q tile are done (none yet for the first QBUF tiles)
-          if (it >= QBUF) mbar_wait(bar_qfree(qb), ((it / QBUF) - 1) & 1);
+          mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
           if constexpr (Cfg::SCORE_SKIP) {
-            mbar_expect_tx(bar_q(qb), L::kQBytes);  // arrival: publish_walk
+            mbar_expect_tx(barQ, L::kQBytes);  // arrival: publish_walk
           } else {
-            mbar_arrive_expect_tx(bar_q(qb), L::kQBytes);
+            mbar_arrive_expect_tx(barQ, L::kQBytes);
           }
 #pragma unroll
           for (int c = 0; c < L::DB; ++c)
-            tma_load_4d(q_tile(qb) + c * BM * 128, &maps.q, c * 64, rows.q_start + q0, h, rows.batch, bar_q(qb));
+            tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, rows.q_start + q0, h, rows.batch, barQ);
         };
         // SCORE_SKIP: the walk's first block (v3_skip_begin; its global load runs while the first
         // copies fly) goes to the tile word, and this thread's arrival on barQ releases it with Q, so
@@ -259,8 +247,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         auto publish_walk = [&]() {
           if constexpr (Cfg::SCORE_SKIP) {
             walk.j_begin = v3_skip_begin<Cfg>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(tile_word(qb)), "r"(walk.j_begin) : "memory");
-            mbar_arrive(bar_q(qb));
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(sTileWord), "r"(walk.j_begin) : "memory");
+            mbar_arrive(barQ);
           }
         };
         // Copies in the order the consumers use them: K_0, then K_i before V_{i-1} (iteration i
@@ -353,198 +341,138 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       phase ^= 1u;
     }
   };
-
-  // CARRY_TILES (persistent grid): a tile's first block -- its S GEMM, issued in the same turn as the previous
-  // tile's last P V, and its softmax, run while that P V does -- is the previous tile's tail, and that tile's
-  // epilogue follows it; so between two tiles no GEMM waits alone and no softmax runs without a GEMM under it.
-  constexpr bool kCarry = Cfg::CARRY_TILES;
-  static_assert(!kCarry || (!kWgWalk && !kHalf), "carried tiles: every warpgroup runs every block of the CTA's walk");
-
-  // The current tile (enter_tile; the lambdas below read it). With kCarry the tail enters the next tile before
-  // the current one's epilogue, which therefore takes its own copy (Epi).
-  int q_block = 0, bh = 0, b = 0, h = 0, q0 = 0, q_hi = 0, j_first = 0;
-  int wq_lo = 0, wq_hi = 0, row0 = 0;  // this warpgroup's query rows [wq_lo, wq_hi], this warp's first row
-  KvWalk<BN, Cfg::KV_DESCENDING> walk;
-  float tile_exp_scale = exp_scale;
-  // kWgWalk: the blocks [wj_begin, wj_end) that meet this warpgroup's own rows' K/V range (none for rows
-  // past Nq); the CTA's walk visits them as one contiguous run, which this warpgroup multiplies.
-  int wj_begin = 0, wj_end = 0;
-  auto enter_tile = [&](int tile) {
+  int it = 0;
+  for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
+    int q_block, bh;
     v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
-    b = bh / p.H;
-    h = bh % p.H;
-    q0 = q_block * BM;
-    q_hi = min(q0 + BM, p.Nq) - 1;
+    const int b = bh / p.H, h = bh % p.H;
+    const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
+    KvWalk<BN, Cfg::KV_DESCENDING> walk;
     kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
-    j_first = walk.first(b, h, q0, q_hi, p, buf);
-    wq_lo = q0 + 64 * wg;
-    wq_hi = min(wq_lo + 63, p.Nq - 1);
-    row0 = wq_lo + 16 * warp_wg;
-    st.set_score_mod(b, h, p, buf);
-    tile_exp_scale = st.tile_exp_scale(exp_scale);
-    if constexpr (kWgWalk) {
-      wj_begin = wj_end = 0;
-      if (wq_lo <= wq_hi) kv_block_range<BN>(b, h, wq_lo, wq_hi, p, buf, wj_begin, wj_end);
-    }
-  };
-  // A tile's running statistics start.
-  auto start_rows = [&]() {
+    const int j_first = walk.first(b, h, q0, q_hi, p, buf);
+    const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
+    const int wq_hi = min(wq_lo + 63, p.Nq - 1);
+    const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
+
 #pragma unroll
     for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
     st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
     st.row_sum[0] = st.row_sum[1] = 0.f;
-  };
-  // Q tile qb has landed for the current tile (always waited: the Q copy must land before Q is reused or the
-  // CTA exits); SCORE_SKIP: the producer's first block of the walk (j_first stays: it is above).
-  auto take_q = [&](int qb, int tile_it) {
-    mbar_wait(bar_q(qb), (tile_it / QBUF) & 1);
-    if constexpr (Cfg::SCORE_SKIP) {
-      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(tile_word(qb)) : "memory");
+    st.set_score_mod(b, h, p, buf);
+    const float tile_exp_scale = st.tile_exp_scale(exp_scale);
+
+    // kWgWalk: the blocks [wj_begin, wj_end) that meet this warpgroup's own rows' K/V range (none for rows
+    // past Nq); the CTA's walk visits them as one contiguous run, which this warpgroup multiplies.
+    int wj_begin = 0, wj_end = 0;
+    if constexpr (kWgWalk) {
+      if (wq_lo <= wq_hi) kv_block_range<BN>(b, h, wq_lo, wq_hi, p, buf, wj_begin, wj_end);
     }
-    if constexpr (Cfg::Q_PRESCALE) v3_scale_q<Cfg>(q_tile(qb), wg, Variant::score_q_scale(b, h, p, buf));
-  };
+    // (the warp vote changes no value -- the run is the warpgroup's -- but tells ptxas the branch is
+    // warp-uniform; on the range test alone it serializes every wgmma, C7520)
+    auto in_wg = [&](int j) -> bool {
+      if constexpr (kWgWalk) return __any_sync(0xffffffffu, j >= wj_begin && j < wj_end);
+      return true;
+    };
 
-  // (the warp vote changes no value -- the run is the warpgroup's -- but tells ptxas the branch is
-  // warp-uniform; on the range test alone it serializes every wgmma, C7520)
-  auto in_wg = [&](int j) -> bool {
-    if constexpr (kWgWalk) return __any_sync(0xffffffffu, j >= wj_begin && j < wj_end);
-    return true;
-  };
-
-  // Whether block j needs the masked softmax for this warpgroup's rows: the ragged last block, or a tile
-  // that is not FULL (or rows past Nq). Warpgroup-uniform; the warp vote changes no value but tells ptxas the
-  // branch on it is warp-uniform (without it, two softmax copies guard every shuffle as divergent: BRA.DIV).
-  auto needs_mask = [&](int j) -> bool {
-    const int kv0 = j * BN;
-    bool m = kv0 + BN > p.Nk;
-    if constexpr (Variant::kHasMask) {
-#ifndef AC_V3_MASK_OFF  // timing only (wrong results): every block inside the sequence runs the unmasked softmax
-      // (tile_class only for a block inside the sequence and rows inside Nq: a buffer mask reads its rows)
-      m = m || wq_lo > wq_hi || Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
-#endif
-      m = __any_sync(0xffffffffu, m);
-    }
-    return m;
-  };
-
-  // HALF_BLOCKS: which keys of visited block j this warpgroup multiplies (V3Consumer::issue_qk_part): 0 all,
-  // 1 the low half (the high one EMPTY for its rows), 2 the high half; voted warp-uniform (a branch around
-  // wgmma). Classified only inside the sequence and for rows inside Nq (a buffer mask reads its rows); always
-  // 0 when off or without a mask.
-  auto part_of = [&](int j) -> int {
-    if constexpr (kHalf) {
+    // Whether block j needs the masked softmax for this warpgroup's rows: the ragged last block, or a tile
+    // that is not FULL (or rows past Nq). Warpgroup-uniform; the warp vote changes no value but tells ptxas the
+    // branch on it is warp-uniform (without it, two softmax copies guard every shuffle as divergent: BRA.DIV).
+    auto needs_mask = [&](int j) -> bool {
       const int kv0 = j * BN;
-      bool lo_empty = false, hi_empty = false;
-      if (walk.valid(j) && kv0 + BN <= p.Nk && wq_lo <= wq_hi) {
-        lo_empty = Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN / 2 - 1, p, buf) == AC_TILE_EMPTY;
-        hi_empty = Variant::tile_class(b, h, wq_lo, wq_hi, kv0 + BN / 2, kv0 + BN - 1, p, buf) == AC_TILE_EMPTY;
+      bool m = kv0 + BN > p.Nk;
+      if constexpr (Variant::kHasMask) {
+#ifndef AC_V3_MASK_OFF  // timing only (wrong results): every block inside the sequence runs the unmasked softmax
+        // (tile_class only for a block inside the sequence and rows inside Nq: a buffer mask reads its rows)
+        m = m || wq_lo > wq_hi || Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
+#endif
+        m = __any_sync(0xffffffffu, m);
       }
-      hi_empty = __any_sync(0xffffffffu, hi_empty);
-      lo_empty = __any_sync(0xffffffffu, lo_empty);
-      return hi_empty ? 1 : (lo_empty ? 2 : 0);
-    } else {
-      return 0;
-    }
-  };
+      return m;
+    };
 
-  // The previous block's P V is done: its registers and V slot are free.
-  int s_prev = 0;
-  unsigned int phase_prev = 0;
-  auto pv_done = [&]() {
-    wgmma_wait<0>();
-    reg_fence(st.acc_o);
-    reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
-    mbar_arrive(empty_v(s_prev));
-  };
-  auto advance_slot = [&]() {
-    s_prev = s;
-    phase_prev = phase;
-    if (++s == STAGES) {
-      s = 0;
-      phase ^= 1u;
-    }
-  };
+    // HALF_BLOCKS: which keys of visited block j this warpgroup multiplies (V3Consumer::issue_qk_part): 0 all,
+    // 1 the low half (the high one EMPTY for its rows), 2 the high half; voted warp-uniform (a branch around
+    // wgmma). Classified only inside the sequence and for rows inside Nq (a buffer mask reads its rows); always
+    // 0 when off or without a mask.
+    auto part_of = [&](int j) -> int {
+      if constexpr (kHalf) {
+        const int kv0 = j * BN;
+        bool lo_empty = false, hi_empty = false;
+        if (walk.valid(j) && kv0 + BN <= p.Nk && wq_lo <= wq_hi) {
+          lo_empty = Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN / 2 - 1, p, buf) == AC_TILE_EMPTY;
+          hi_empty = Variant::tile_class(b, h, wq_lo, wq_hi, kv0 + BN / 2, kv0 + BN - 1, p, buf) == AC_TILE_EMPTY;
+        }
+        hi_empty = __any_sync(0xffffffffu, hi_empty);
+        lo_empty = __any_sync(0xffffffffu, lo_empty);
+        return hi_empty ? 1 : (lo_empty ? 2 : 0);
+      } else {
+        return 0;
+      }
+    };
 
-  int it = 0;
-  bool carried = false;  // kCarry: the current tile's first block ran in the previous tile's tail
-  int j = 0, part = 0, part_prev = 0, j_next = 0, part_next = 0;
-  bool masked = false;
-  for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
-    const unsigned int sQt = q_tile(it % QBUF);
-    bool runs = carried;  // this warpgroup multiplies some block of this tile
-    bool skipped = false;  // kWgWalk: some block before this warpgroup's run
+    mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
+    if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
+    }
+    if constexpr (Cfg::Q_PRESCALE) v3_scale_q<Cfg>(sQ, wg, Variant::score_q_scale(b, h, p, buf));
+    AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;
 #endif
-    if (!carried) {
-      enter_tile(tile);
-      start_rows();
-      take_q(it % QBUF, it);
-      AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
-      j = j_first;
-      if constexpr (kWgWalk) {  // blocks before this warpgroup's run
-        while (walk.valid(j) && !in_wg(j)) {
-          skip_block();
-          skipped = true;
-          j = walk.next(j, b, h, q0, q_hi, p, buf);
-        }
-      }
-      if (walk.valid(j)) {
-        runs = true;
-        // Block 0: S_0 only.
-        part = part_of(j);
-        st.init_s(j * BN, row0, b, h, p, buf);
-        mbar_wait(full_k(s), phase);
-        turn_wait();
-        auto s0_step = [&](int pt) {
-          wgmma_fence();
-          st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
-          wgmma_commit();
-          turn_grant();
-          // The block walk runs while the GEMMs do: off the path from S to the next issue.
-          masked = needs_mask(j);
-          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-          part_next = part_of(j_next);
-          wgmma_wait<0>();
-        };
-        v3_by_part<Cfg>(st, part, s0_step);
-        reg_fence(st.acc_s);
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
-        mbar_arrive(empty_k(s));
-        {
-          float alpha[2];
-          st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-          st.convert_p(j * BN, row0, b, h, p);
-        }
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
-        part_prev = part;
-        advance_slot();
-        j = j_next;
-        part = part_next;
+    int j = j_first;
+    bool skipped = false;  // kWgWalk: some block before this warpgroup's run
+    if constexpr (kWgWalk) {  // blocks before this warpgroup's run
+      while (walk.valid(j) && !in_wg(j)) {
+        skip_block();
+        skipped = true;
+        j = walk.next(j, b, h, q0, q_hi, p, buf);
       }
     }
-    carried = false;
-    // The epilogue's view of this tile (kCarry's tail enters the next tile first).
-    const int e_b = b, e_h = h, e_bh = bh, e_wq_lo = wq_lo, e_row0 = row0;
-    auto epilogue = [&]() {
-      // O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf; rows >= Nq are
-      // not written.
-      if constexpr (Cfg::TMA_STORE_O) {
-        v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, e_row0, e_wq_lo, e_b, e_h, e_bh, AC_TRACE_TILE(tile));
-      } else {
-        v3_epilogue<Cfg>(st, p, buf, sQt, wg, e_row0, e_wq_lo, e_b, e_h, e_bh, AC_TRACE_TILE(tile));
+    if (walk.valid(j)) {
+      // Block 0: S_0 only.
+      int part = part_of(j);
+      st.init_s(j * BN, row0, b, h, p, buf);
+      mbar_wait(full_k(s), phase);
+      turn_wait();
+      bool masked;
+      int j_next, part_next;
+      auto s0_step = [&](int pt) {
+        wgmma_fence();
+        st.issue_qk_part(pt, sQ, sKV0 + s * L::kStageBytes, wg);
+        wgmma_commit();
+        turn_grant();
+        // The block walk runs while the GEMMs do: off the path from S to the next issue.
+        masked = needs_mask(j);
+        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+        part_next = part_of(j_next);
+        wgmma_wait<0>();
+      };
+      v3_by_part<Cfg>(st, part, s0_step);
+      reg_fence(st.acc_s);
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
+      mbar_arrive(empty_k(s));
+      {
+        float alpha[2];
+        st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+        st.convert_p(j * BN, row0, b, h, p);
       }
-      AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi0, threadIdx.x == 128);
-      AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi1, threadIdx.x == 256);
-    };
-    if (runs) {
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
+      int s_prev = s;
+      unsigned int phase_prev = phase;
+      int part_prev = part;
+      if (++s == STAGES) {
+        s = 0;
+        phase ^= 1u;
+      }
+      j = j_next;
+      part = part_next;
       while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
         turn_wait();
         auto step = [&](int pt) {
           wgmma_fence();
-          st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
+          st.issue_qk_part(pt, sQ, sKV0 + s * L::kStageBytes, wg);
           wgmma_commit();
           mbar_wait(full_v(s_prev), phase_prev);
           st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
@@ -560,6 +488,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
         st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+        auto pv_done = [&]() {
+          wgmma_wait<0>();
+          reg_fence(st.acc_o);
+          reg_fence(st.p_frag);  // P is read by the in-flight wgmma until here: keep its registers live
+          mbar_arrive(empty_v(s_prev));  // P_{i-1} V_{i-1} is done
+        };
         if constexpr (kLatePvWait) {
           // A branch right after the softmax keeps ptxas from hoisting the wait above it (plan/v3.py
           // LATE_PV_WAIT_DEFAULT). Its condition is this block's class for the warpgroup's rows, uniform over the
@@ -580,8 +514,13 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           st.rescale_o(alpha);
         }
         st.convert_p(j * BN, row0, b, h, p);
+        s_prev = s;
+        phase_prev = phase;
         part_prev = part;
-        advance_slot();
+        if (++s == STAGES) {
+          s = 0;
+          phase ^= 1u;
+        }
         j = j_next;
         part = part_next;
 #ifdef AC_V3_TRACE
@@ -590,61 +529,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
       AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
-      mbar_arrive(bar_qfree(it % QBUF));  // every S GEMM of this tile is done: its Q tile may be reloaded
-      if constexpr (kCarry) {
-        if (tile + tile_step < num_tiles) {
-          enter_tile(tile + tile_step);
-          carried = walk.valid(j_first);  // the same for every warpgroup: the CTA's walk
-        }
-      }
-      if (carried) {
-        // The tail: S_0 of the next tile and this tile's last P V in one turn, the next tile's first softmax
-        // while the P V runs, then this tile's epilogue.
-        take_q((it + 1) % QBUF, it + 1);
-        j = j_first;
-        st.init_s(j * BN, row0, b, h, p, buf);
-        mbar_wait(full_k(s), phase);
-        turn_wait();
-        wgmma_fence();
-        st.issue_qk(q_tile((it + 1) % QBUF), sKV0 + s * L::kStageBytes, wg);
-        wgmma_commit();
-        mbar_wait(full_v(s_prev), phase_prev);
-        st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
-        wgmma_commit();
-        turn_grant();
-        masked = needs_mask(j);
-        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-        wgmma_wait<1>();
-        reg_fence(st.acc_s);
-        mbar_arrive(empty_k(s));
-        // this tile's row statistics wait for its epilogue; the next tile's start
-        float m_done[2] = {st.row_max[0], st.row_max[1]}, l_done[2] = {st.row_sum[0], st.row_sum[1]};
-        st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
-        st.row_sum[0] = st.row_sum[1] = 0.f;
-        {
-          float alpha[2];
-          st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-        }
-        pv_done();
-        const float m_next[2] = {st.row_max[0], st.row_max[1]}, l_next[2] = {st.row_sum[0], st.row_sum[1]};
-        st.row_max[0] = m_done[0];
-        st.row_max[1] = m_done[1];
-        st.row_sum[0] = l_done[0];
-        st.row_sum[1] = l_done[1];
-        epilogue();
-        st.row_max[0] = m_next[0];
-        st.row_max[1] = m_next[1];
-        st.row_sum[0] = l_next[0];
-        st.row_sum[1] = l_next[1];
-#pragma unroll
-        for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-        st.convert_p(j * BN, row0, b, h, p);
-        part_prev = 0;
-        advance_slot();
-        j = j_next;
-        part = 0;
-        continue;
-      }
+      mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
       // The last block's P V.
       mbar_wait(full_v(s_prev), phase_prev);
       turn_wait();
@@ -652,10 +537,13 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
       wgmma_commit();
       turn_grant();
-      pv_done();
+      wgmma_wait<0>();
+      reg_fence(st.acc_o);
+      reg_fence(st.p_frag);
+      mbar_arrive(empty_v(s_prev));
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
-      mbar_arrive(bar_qfree(it % QBUF));
+      mbar_arrive(barQfree);
       // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
       // and the last P V are one turn each), so it takes the last one empty.
       if (kWgWalk && skipped) {
@@ -669,7 +557,16 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         j = walk.next(j, b, h, q0, q_hi, p, buf);
       }
     }
-    epilogue();
+
+    // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
+    // rows >= Nq are not written.
+    if constexpr (Cfg::TMA_STORE_O) {
+      v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+    } else {
+      v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+    }
+    AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi0, threadIdx.x == 128);
+    AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi1, threadIdx.x == 256);
   }
   if (kPingPong && wg == 0) named_bar_sync(kTurnBar + 0, 256);  // the extra grant (see above)
   // TMA_STORE_O: the last tile's stores read the O tile, which must outlive them
