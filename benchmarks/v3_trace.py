@@ -58,7 +58,7 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
     us = 1e-3
     ph: dict[str, list[float]] = {k: [] for k in ("launch->Q", "S0", "softmax0", "per block", "last PV",
                                                   "epilogue", "  1/l, LSE", "  O to smem", "  barrier",
-                                                  "  O to global", "epi1 - epi0", "gap", "blocks")}
+                                                  "  O to global", "epi1 - epi0", "gap", "boundary", "blocks")}
     for t in tiles:
         if t["start"]:
             ph["launch->Q"].append((t["q"] - t["start"]) * us)
@@ -76,6 +76,15 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
                 ph["  O to global"].append((t["epi0"] - t["epi_bar"]) * us)
         ph["epi1 - epi0"].append((t["epi1"] - t["epi0"]) * us)
         ph["blocks"].append(float(t["blocks"]))
+    if plan.persistent:
+        # tiles c, c + grid, ... run on CTA c in turn: "boundary" is from a tile's main loop done to the next tile's
+        # first softmax done (its last P V, epilogue, the next Q, S_0 and softmax; carried tiles overlap them)
+        grid = min(len(tiles), torch.cuda.get_device_properties(0).multi_processor_count * plan.ctas_per_sm)
+        by_tile = {i: dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for i, r in enumerate(rows)}
+        for i, t in by_tile.items():
+            nxt = by_tile.get(i + grid)
+            if nxt is not None and t["loop"] and nxt["softmax0"]:
+                ph["boundary"].append((nxt["softmax0"] - t["loop"]) * us)
     if not plan.persistent:
         by_sm: dict[int, list[dict[str, int]]] = {}
         for t in tiles:
