@@ -130,7 +130,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
   constexpr bool kPersistent = Cfg::PERSISTENT;
+#ifdef AC_V3_TILE_BY_HEAD  // timing only (benchmarks/v3_sweep.py define=): the by-head order for masks too
+  constexpr bool kTileByHead = true;
+#else
   constexpr bool kTileByHead = !Variant::kHasMask;  // the persistent grid's tile order (v3_tile)
+#endif
   static_assert(!Cfg::VARLEN || (!Cfg::PERSISTENT && !Cfg::SCORE_SKIP),
                 "packed sequences: one tile per CTA (the entry takes the sequence's view), no score skip");
   static_assert(Cfg::TMA_STORE_O == (sizeof(Maps) == sizeof(V3MapsO)), "the o map comes with TMA_STORE_O");
