@@ -81,6 +81,34 @@ def test_default_grid(spec, chosen, why):
     assert not plan_v3(ir, "sm_90", persistent=True).tma_store_o  # persistent alone: direct stores, as before
 
 
+def test_tiles_by_head():
+    """The persistent grid's tile order (plan/v3_grid.py tiles_by_head_choice): by head where the tiles are balanced
+    (no mask, a band), heaviest first elsewhere (a forced persistent causal grid); forced either way, it reaches the
+    kernel and the reasons; refused without the persistent grid and for anything but a bool; the autotuner tries
+    the other order."""
+    from attncompiler.plan.v3 import candidates_v3
+
+    for spec, by_head in ((presets.plain(128), True), (presets.sliding_window(1024, 128), True),
+                          (presets.sliding_window(1024, 64), True), (presets.causal(128), False)):
+        ir = build_ir(spec)
+        p = plan_v3(ir, "sm_90", persistent=True)
+        assert p.tiles_by_head == by_head and p.options["tiles_by_head"] == by_head
+        line = next(r for r in p.reasons if r.startswith("persistent grid:"))
+        assert ("of one batch*head together" if by_head else "heaviest query blocks first") in line, line
+        assert f"static constexpr bool TILES_BY_HEAD = {'true' if by_head else 'false'};" in _render(
+            spec, persistent=True).source
+        other = plan_v3(ir, "sm_90", persistent=True, tiles_by_head=not by_head)
+        assert other.tiles_by_head == (not by_head) and "(tiles_by_head: forced)" in " ".join(other.reasons)
+        assert not plan_v3(ir, "sm_90", persistent=False).tiles_by_head
+        if plan_v3(ir, "sm_90").persistent:
+            assert {"tiles_by_head": not by_head} .items() <= next(
+                o for o in candidates_v3(ir, "sm_90") if o["tiles_by_head"] != by_head).items()
+    with pytest.raises(PlanError, match="expected tiles_by_head with persistent=True .*, got persistent=False"):
+        plan_v3(build_ir(presets.causal(128)), "sm_90", tiles_by_head=True)
+    with pytest.raises(PlanError, match="expected tiles_by_head a bool, got 1"):
+        plan_v3(build_ir(presets.plain(128)), "sm_90", tiles_by_head=1)
+
+
 def test_varlen_plan_drops_the_o_tile():
     """The packed-sequence kernel (one tile per CTA) takes a persistent TMA-store plan without its grid, its O tile
     and the score skip; tiles and stages stay the plan's."""
@@ -91,7 +119,7 @@ def test_varlen_plan_drops_the_o_tile():
     p = plan_v3(ir, tgt)
     assert p.tma_store_o
     one = without_persistent_grid(p)
-    assert (one.persistent, one.tma_store_o, one.score_skip) == (False, False, False)
+    assert (one.persistent, one.tma_store_o, one.score_skip, one.tiles_by_head) == (False, False, False, False)
     assert (one.block_m, one.block_n, one.stages) == (p.block_m, p.block_n, p.stages)
     assert one.smem_bytes == v3_smem_bytes(128, p.block_n, 128, 128, p.stages)
     src = get_schedule("v3").render(ir, one, tgt, varlen=True).source
@@ -202,6 +230,28 @@ def test_gpu_tma_store_o(name, head_dim):
             a, la = kern(q, k, v, return_lse=True, seed=7)
             b, lb = direct(q, k, v, return_lse=True, seed=7)
             assert torch.equal(a, b) and torch.equal(la, lb), f"{name} d={head_dim} N={n}: differs from direct stores"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("name", ("sliding_window", "causal", "plain"))
+def test_gpu_tiles_by_head(name):
+    """Both tile orders of the persistent grid with several tiles per CTA (B * H * query blocks > the SMs), at d 64 /
+    128: the error-ratio rule, and O and LSE bit-identical between the orders (each tile's arithmetic is the same)."""
+    from attncompiler.testing import check_kernel
+
+    for d in (64, 128):
+        spec = _spec(name, d, seqlen=1023)
+        outs = []
+        for by_head in (True, False):
+            kern = ac.compile(spec, "v3", persistent=True, tma_store_o=True, tiles_by_head=by_head)
+            assert kern.plan.tiles_by_head == by_head
+            res = check_kernel(kern, 4, 12, 1023)
+            assert res.ok, f"{name} d={d} tiles_by_head={by_head}: {res}"
+            g = torch.Generator(device="cuda").manual_seed(d)
+            q, k, v = (torch.randn(4, 12, 1023, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+            outs.append(kern(q, k, v, return_lse=True))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), f"{name} d={d}"
 
 
 @pytest.mark.gpu

@@ -61,6 +61,7 @@ class V3Schedule:
             consumer_regs=plan.consumer_regs,
             ctas_per_sm=plan.ctas_per_sm,
             persistent=plan.persistent,
+            tiles_by_head=plan.tiles_by_head,
             exp2_poly=plan.exp2_poly,
             kv_descending=plan.kv_descending,
             score_skip=plan.score_skip,

@@ -32,7 +32,7 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles
+from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, tiles_by_head_choice
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
@@ -117,7 +117,7 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks")
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -151,6 +151,7 @@ class V3Plan(Plan):
     tma_store_o: bool = False
     softmax_copies: int = 2
     half_blocks: bool = False
+    tiles_by_head: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -159,7 +160,7 @@ class V3Plan(Plan):
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
-                "half_blocks": self.half_blocks}
+                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -265,7 +266,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
-            half_blocks: bool | None = None) -> V3Plan:
+            half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -274,7 +275,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
                               late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
-                              half_blocks=half_blocks)
+                              half_blocks=half_blocks, tiles_by_head=tiles_by_head)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -298,7 +299,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              kv_descending: bool | None = None, score_skip: bool | None = None,
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
              tma_store_o: bool | None = None, softmax_copies: int | None = None,
-             half_blocks: bool | None = None) -> V3Plan:
+             half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -423,6 +424,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 why_bal if not balanced else f"the O tile of the TMA stores would not keep BLOCK_N {chosen[0]} with "
                                              f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
     bn, smem, regs, st = chosen
+    by_head, why_order = tiles_by_head_choice(ir_or_dims, bool(persistent), bm, bn, tiles_by_head)
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     half_s = regs.get("half S", 0)
     half_txt = f" + half S BLOCK_N/4 = {half_s}" if half_s else ""
@@ -461,8 +463,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
          f"measured slower than the two-consumer ping-pong on an H200 except plain d = 64 at N = 1024 and narrow band "
          f"masks: docs/perf-notes.md, fifteenth and twenty-sixth sessions)"),
         (f"persistent grid: min(tiles, {ctas} x SMs) CTAs loop over the tiles, "
-         + ("the query blocks of one batch*head together (their K/V shared in L2)"
-            if getattr(ir_or_dims, "mask_expr", None) is None else "every head's heaviest query blocks first")
+         + ("the query blocks of one batch*head together (their K/V shared in L2)" if by_head else
+            "every head's heaviest query blocks first") + f" (tiles_by_head: {why_order})"
          if persistent else
          "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
@@ -519,7 +521,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
-        softmax_copies=copies, half_blocks=halves,
+        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head,
     )
 
 
@@ -557,6 +559,9 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     # the model's tile with the other softmax layout (plan/v3_softmax.py: measured per head dim and BLOCK_N)
     flipped = plan_v3(ir_or_dims, target, **{**base.options, "softmax_copies": 3 - base.softmax_copies})
     ranked.append(((1, 0, -base.block_n, -base.stages, 0), flipped.options))
+    if base.persistent:  # the other tile order (plan/v3_grid.py tiles_by_head_choice)
+        order = plan_v3(ir_or_dims, target, **{**base.options, "tiles_by_head": not base.tiles_by_head})
+        ranked.append(((1, 0, -base.block_n, -base.stages, 0), order.options))
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
         try:
             half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,

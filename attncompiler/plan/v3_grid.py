@@ -26,7 +26,8 @@ from typing import Any
 
 import sympy
 
-__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "without_persistent_grid"]
+__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "tiles_by_head_choice",
+           "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
 #: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.03;
@@ -54,6 +55,31 @@ def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, s
                 f"({'<=' if ok else '>'} PERSISTENT_MAX_IMBALANCE {PERSISTENT_MAX_IMBALANCE})")
 
 
+def tiles_by_head_choice(ir_or_dims: Any, persistent: bool, block_m: int, block_n: int,
+                         tiles_by_head: bool | None) -> tuple[bool, str]:
+    """(the persistent grid's tile order, why): by head -- the query blocks of one batch*head on neighbouring CTAs,
+    sharing their K/V in L2 -- where the tiles are balanced (:func:`balanced_tiles`), else every head's heaviest
+    query blocks first (the static round robin then balances tiles of different lengths, as causal's).  Only the
+    persistent grid has an order to choose; ``tiles_by_head`` forces it.
+
+    Measured on an H200 (2026-11-29, ``benchmarks/run_tile_order.sh``, bf16, H * d = 2048, 9 interleaved rounds,
+    TFLOP/s, heaviest first -> by head): sliding window 1024 d128 at N = 4096 (B = 4: 64 batch*heads, whose K/V do
+    not fit L2 together) 410.0 -> 466.1; at N = 16k d128 467.3 -> 461.7, d64 342.7 -> 340.5, window 2048 d128
+    528.5 -> 518.1, window 256 d64 174.8 -> 176.2 (within the rounds' spread)."""
+    from .model import PlanError
+
+    if tiles_by_head is not None and not isinstance(tiles_by_head, bool):
+        raise PlanError(f"v3: expected tiles_by_head a bool, got {tiles_by_head!r}")
+    if not persistent:
+        if tiles_by_head:
+            raise PlanError("v3: expected tiles_by_head with persistent=True (the persistent grid's tile order), got "
+                            "persistent=False")
+        return False, "one tile per CTA: the hardware schedules the grid (heaviest query blocks first)"
+    if tiles_by_head is not None:
+        return tiles_by_head, "forced"
+    return balanced_tiles(ir_or_dims, block_m, block_n)
+
+
 def without_persistent_grid(plan: Any) -> Any:
     """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
     grid, no TMA stores of O, and the shared memory without the O tile (the same tiles and stages: the kernel the
@@ -65,4 +91,5 @@ def without_persistent_grid(plan: Any) -> Any:
     if plan.tma_store_o:
         smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
                              elem_bytes(plan.dtype))
-    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, smem_bytes=smem)
+    return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, tiles_by_head=False,
+                               smem_bytes=smem)

@@ -43,7 +43,7 @@
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
 // and ac::wgmma_pv (generated for this BLOCK_N / DV and element type); Cfg supplies D, DV,
-// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, EXP2_POLY (of every 8 n8
+// BLOCK_M, BLOCK_N, STAGES, NC, PRODUCER_REGS, CONSUMER_REGS, PERSISTENT, TILES_BY_HEAD (v3_tile), EXP2_POLY (of every 8 n8
 // tiles of S, how many take their exponentials on the FMA pipes: 0..8), KV_DESCENDING (the walk's
 // order), SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin) and Q_PRESCALE
 // (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q), VARLEN (packed sequences:
@@ -66,13 +66,13 @@ namespace ac {
 // for causal the last, query blocks first; blockIdx.x runs over the query blocks of one batch*head, so the
 // CTAs resident together share their K/V in L2). Persistent: CTA c takes tiles c, c + gridDim.x, ...
 // (a static round robin), in one of two orders:
-//   kByHead (no mask: every tile visits the same K/V blocks): the query blocks of one batch*head
-//     consecutive, as the non-persistent grid. Measured on an H100 (2026-11-27, v3_sweep.py, TFLOP/s,
+//   kByHead (Cfg::TILES_BY_HEAD, balanced tiles: no mask, or a band such as a sliding window; plan/v3_grid.py):
+//     the query blocks of one batch*head consecutive, as the non-persistent grid. Measured on an H100 (2026-11-27, v3_sweep.py, TFLOP/s,
 //     d = 128 unless noted, query-major -> head-major, non-persistent beside): N = 512 280 -> 462 (430),
 //     N = 1024 324 -> 527 (540), N = 16k 601 -> 667 (670), d = 64 N = 1024 335 -> 371 (355). Query-major
 //     runs one query block of ~132 different batch*heads at a time, so with many short sequences each
 //     K/V is streamed from HBM once per query block.
-//   otherwise (masks: causal tiles differ in length): all heads' heaviest query blocks first, the static
+//   otherwise (masks whose tiles differ in length: causal): all heads' heaviest query blocks first, the static
 //     round robin's balance (causal N = 16k: 502 query-major, 418 head-major).
 template <bool kPersistent, bool kByHead>
 __device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& p, int& q_block, int& bh) {
@@ -130,11 +130,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
   constexpr bool kPersistent = Cfg::PERSISTENT;
-#ifdef AC_V3_TILE_BY_HEAD  // timing only (benchmarks/v3_sweep.py define=): the by-head order for masks too
-  constexpr bool kTileByHead = true;
-#else
-  constexpr bool kTileByHead = !Variant::kHasMask;  // the persistent grid's tile order (v3_tile)
-#endif
+  constexpr bool kTileByHead = Cfg::TILES_BY_HEAD;  // the persistent grid's tile order (v3_tile)
   static_assert(!Cfg::VARLEN || (!Cfg::PERSISTENT && !Cfg::SCORE_SKIP),
                 "packed sequences: one tile per CTA (the entry takes the sequence's view), no score skip");
   static_assert(Cfg::TMA_STORE_O == (sizeof(Maps) == sizeof(V3MapsO)), "the o map comes with TMA_STORE_O");
