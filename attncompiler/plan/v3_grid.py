@@ -18,6 +18,10 @@ So the planner takes the persistent grid with TMA stores where every tile visits
 blocks (no mask, or a band such as a sliding window: the static round robin over tiles is then balanced) and the O
 tile keeps the plan's BLOCK_N and at least :data:`MIN_STAGES_WITH_O_TILE` stages; causal and other growing masks keep
 one CTA per tile, whose hardware scheduling balances tiles of different lengths (causal above: 606 vs 517).
+
+The persistent grid's tile order (``tiles_by_head``, :func:`tiles_by_head_choice`): balanced tiles run the query
+blocks of one batch*head on neighbouring CTAs (their K/V shared in L2); others every head's heaviest query blocks
+first (the static round robin's balance for tiles of different lengths).
 """
 from __future__ import annotations
 
