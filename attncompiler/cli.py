@@ -197,7 +197,7 @@ def _cmd_plan(args) -> int:
     if args.all:
         print()
         if ks.schedule == "v3":  # no sympy resource model: the tile space with each tile's numbers
-            from .plan.v3 import format_candidates_v3
+            from .plan.v3_candidates import format_candidates_v3
 
             print(format_candidates_v3(ir, tgt))
             return 0

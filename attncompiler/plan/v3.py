@@ -32,7 +32,7 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, tiles_by_head_choice
+from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, o_in_k_slot_wanted, tiles_by_head_choice
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
@@ -42,7 +42,7 @@ __all__ = [
     "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT", "CTAS_PER_SM_BY_WGS", "v3_smem_limit", "REG_SLACK_MULTI_CTA",
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
-    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS", "candidates_v3", "format_candidates_v3", 
+    "BLOCK_N_CHOICES", "REG_OVERHEAD_V3", "V3_OPTIONS",
     "EXP2_POLY_DEFAULT", "KV_DESCENDING_DEFAULT", "KV_DESCENDING_SEPARABLE", "SCORE_SKIP_MIN_KEYS",
     "TILE_WORD_BYTES", "HEAD_DIM_MULTIPLE", "HEAD_DIM_MAX_V3", "v3_padded", "v3_head_dim_error",
 ]
@@ -117,7 +117,8 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head")
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head",
+              "o_in_k_slot")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -152,6 +153,7 @@ class V3Plan(Plan):
     softmax_copies: int = 2
     half_blocks: bool = False
     tiles_by_head: bool = False
+    o_in_k_slot: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -160,7 +162,8 @@ class V3Plan(Plan):
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
-                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head}
+                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head,
+                "o_in_k_slot": self.o_in_k_slot}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -266,7 +269,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
-            half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
+            half_blocks: bool | None = None, tiles_by_head: bool | None = None,
+            o_in_k_slot: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -275,7 +279,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
                               late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
-                              half_blocks=half_blocks, tiles_by_head=tiles_by_head)
+                              half_blocks=half_blocks, tiles_by_head=tiles_by_head, o_in_k_slot=o_in_k_slot)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -299,7 +303,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              kv_descending: bool | None = None, score_skip: bool | None = None,
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
              tma_store_o: bool | None = None, softmax_copies: int | None = None,
-             half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
+             half_blocks: bool | None = None, tiles_by_head: bool | None = None,
+             o_in_k_slot: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -353,6 +358,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         raise PlanError(f"v3: expected tma_store_o with persistent=True (the persistent grid's epilogue), got "
                         f"persistent={persistent!r}")
     o_tile = bool(tma_store_o)
+    k_slot = o_in_k_slot_wanted(o_in_k_slot, tma_store_o, persistent)  # plan/v3_grid.py: O staged in a K slot
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout, the polynomial exponentials or a mask reading buffers: at most PREFERRED_BLOCK_N_DROPOUT (d=64
@@ -393,17 +399,23 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']}{half} + {REG_SLACK_MULTI_CTA} registers "
                                 f"per thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
                 continue
-            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
+            if o_tile and k_slot and bm * v3_padded(dv, eb) > bn * v3_padded(d, eb):
+                rejected.append(f"BLOCK_N={bn}: o_in_k_slot needs the O tile ({bm} x {v3_padded(dv, eb)}) to fit a K "
+                                f"tile ({bn} x {v3_padded(d, eb)})")
+                continue
+            o_bytes = o_tile and not k_slot  # the O tile's own bytes
+            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_bytes) <= limit
+                    and (st >= 2 or not (o_tile and k_slot))]
             if not fits:
                 st = stage_choices[-1]
-                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile)} B with {st} "
+                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_bytes)} B with {st} "
                                 f"stage(s) > {limit} B {per_block}")
                 continue
             st = fits[0]
             if stages is None and st < MAX_STAGES:
-                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile)
+                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_bytes)
                 rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
-            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile), regs, st), rejected
+            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_bytes), regs, st), rejected
         return None, rejected
 
     chosen, rejected = search(o_tile)
@@ -449,7 +461,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
           f"{pref_why} that fits"),
         reg_line,
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})"
-        f"{f' + {bm}*{dvp} (the O tile)' if o_tile else ''}) + {MBARRIER_BYTES}*"
+        f"{f' + {bm}*{dvp} (the O tile)' if o_tile and not k_slot else ''}) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit beside the O tile (the persistent "
@@ -509,7 +521,12 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     if o_tile:
         reasons.append("O written by TMA stores (tma_store_o): each consumer warpgroup stages its rows of O in an O "
                        "tile of its own and one thread stores them per 64-column box; the next tile's Q lands "
-                       "meanwhile, and only the next staging waits for the stores to have read the tile")
+                       "meanwhile, and only the next staging waits for the stores to have read the tile"
+                       + ("; the O tile is the K half of the tile's last K/V stage (o_in_k_slot), released to the "
+                          "producer once the stores read it" if k_slot else ""))
+    elif k_slot:
+        raise PlanError("v3: expected o_in_k_slot with the TMA-store epilogue (persistent=True, tma_store_o=True), got "
+                        "one CTA per tile or direct stores")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} " + ("(the band mask's width, above)" if band is not None else
                        "(S and P registers beside O; FlashAttention-3's tile widths for this head dim)"))
@@ -521,70 +538,5 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
-        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head,
+        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head, o_in_k_slot=k_slot and o_tile,
     )
-
-
-def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: int = 4) -> list[dict[str, Any]]:
-    """Feasible v3 plan options for the autotuner, the model's choice (:func:`plan_v3`) first.
-
-    The space is what :func:`plan_v3` exposes: BLOCK_M (128 or 192: two or three consumer warpgroups),
-    BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
-    stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
-    with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, and with a
-    mask its half-block plan (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
-    ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
-    tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
-    differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
-    Raises :class:`PlanError` where v3 cannot run at all (not sm_90, head dims).
-    """
-    base = plan_v3(ir_or_dims, target)
-    ranked: list[tuple[tuple[int, int, int, int, int], dict[str, Any]]] = []
-    for bm in (WGMMA_M * n for n in CONSUMER_REGS_BY_WGS):
-        for bn in range(64, 257, 16):
-            steps = abs(bn - base.block_n) // 16
-            if steps > max_steps:
-                continue
-            for st in range(MAX_STAGES, MIN_STAGES - 1, -1):
-                for persistent, tso in ((False, False), (True, False), (True, True)):
-                    try:
-                        p = plan_v3(ir_or_dims, target, block_n=bn, stages=st, persistent=persistent, block_m=bm,
-                                    tma_store_o=tso)
-                    except PlanError:
-                        continue
-                    grid = int(persistent != base.persistent) + int(tso != base.tma_store_o)
-                    dist = (steps + int(bn > base.block_n) + max(0, base.stages - st) + grid
-                            + int(bm != base.block_m))
-                    ranked.append(((dist, int(bm != base.block_m), -bn, -st, grid), p.options))
-    # the model's tile with the other softmax layout (plan/v3_softmax.py: measured per head dim and BLOCK_N)
-    flipped = plan_v3(ir_or_dims, target, **{**base.options, "softmax_copies": 3 - base.softmax_copies})
-    ranked.append(((1, 0, -base.block_n, -base.stages, 0), flipped.options))
-    if base.persistent:  # the other tile order (plan/v3_grid.py tiles_by_head_choice)
-        order = plan_v3(ir_or_dims, target, **{**base.options, "tiles_by_head": not base.tiles_by_head})
-        ranked.append(((1, 0, -base.block_n, -base.stages, 0), order.options))
-    if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
-        try:
-            half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,
-                           tma_store_o=base.tma_store_o)
-            ranked.append(((1, 0, -half.block_n, -half.stages, 0), half.options))
-        except PlanError:
-            pass
-    ranked.sort(key=lambda r: r[0])
-    out = [base.options]
-    out += [o for _, o in ranked if o != base.options]
-    return out
-
-
-def format_candidates_v3(ir_or_dims: Any, target: Target | str | None) -> str:
-    """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_M, BLOCK_N, stages, grid, smem."""
-    t = resolve_target(target)
-    rows = [("rank", "BLOCK_M", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)")]
-    for i, o in enumerate(candidates_v3(ir_or_dims, t), 1):
-        p = plan_v3(ir_or_dims, t, **o)
-        regs = v3_register_estimate(p.block_n, p.head_dim_v)["total"]
-        rows.append((str(i), str(p.block_m), str(p.block_n), str(p.stages), "yes" if p.persistent else "no",
-                     str(p.smem_bytes), f"{regs} <= {p.consumer_regs}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    head = (f"v3 candidates on {t.name} (the autotuner's space; rank 1 = the model's choice; BLOCK_M = 64 rows x "
-            f"consumer warpgroups):")
-    return "\n".join([head] + ["  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows])

@@ -71,13 +71,13 @@ def tune_candidates(ir: Any, target: Any, schedule: str = "v2", max_candidates: 
     v2: every accepted candidate of :func:`~attncompiler.plan.v2.candidates_v2`, each also with Q
     kept in / out of registers where that is feasible too (STAGES = 2 only once the codegen renders
     it).  v1: the FA1 rule at SRAM budgets M, M/2, M/4 and 48 KiB (distinct tilings only).  v3:
-    :func:`~attncompiler.plan.v3.candidates_v3` (BLOCK_N, K/V stages, persistent grid), empty where
+    :func:`~attncompiler.plan.v3_candidates.candidates_v3` (BLOCK_N, K/V stages, persistent grid), empty where
     v3 cannot run (not sm_90, head dims).  "auto" mixes schedules: see :func:`tune_plans`.
     """
     from ..plan.model import PlanError
     from ..plan.v1 import plan_v1
     from ..plan.v2 import candidates_v2, plan_v2
-    from ..plan.v3 import candidates_v3
+    from ..plan.v3_candidates import candidates_v3
 
     if schedule == "v2":
         base = plan_v2(ir, target)
