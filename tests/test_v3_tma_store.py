@@ -2,7 +2,6 @@
 the rendered kernel, its machine code (nvcc), the o map, the output fallback, and (GPU) its results."""
 from __future__ import annotations
 
-import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -108,60 +107,6 @@ def test_tiles_by_head():
         plan_v3(build_ir(presets.causal(128)), "sm_90", tiles_by_head=True)
     with pytest.raises(PlanError, match="expected tiles_by_head a bool, got 1"):
         plan_v3(build_ir(presets.plain(128)), "sm_90", tiles_by_head=1)
-
-
-def test_plan_o_in_k_slot():
-    """o_in_k_slot: the TMA-store epilogue without an O tile of its own (d = 128 gets back its third stage); refused
-    where the O tile would not fit a K tile (BLOCK_N < BLOCK_M at D = DV), without TMA stores, and for anything but a
-    bool; off by default; it reaches the kernel; the autotuner tries it."""
-    from attncompiler.plan.v3_candidates import candidates_v3
-    from attncompiler.plan.v3_grid import O_IN_K_SLOT_DEFAULT
-
-    assert O_IN_K_SLOT_DEFAULT is False
-    for spec in (presets.plain(128), presets.sliding_window(1024, 128)):
-        ir = build_ir(spec)
-        base = plan_v3(ir, "sm_90")
-        assert base.tma_store_o and not base.o_in_k_slot and base.stages == 2
-        p = plan_v3(ir, "sm_90", o_in_k_slot=True)
-        assert p.o_in_k_slot and p.tma_store_o and p.stages == 3 and p.block_n == 128
-        assert p.smem_bytes == v3_smem_bytes(128, 128, 128, 128, 3) and plan_v3(ir, "sm_90", **p.options) == p
-        assert any("o_in_k_slot" in r for r in p.reasons)
-        assert "static constexpr bool O_IN_K_SLOT = true;" in _render(spec, o_in_k_slot=True).source
-        assert "static constexpr bool O_IN_K_SLOT = false;" in _render(spec).source
-        assert any(o["o_in_k_slot"] for o in candidates_v3(ir, "sm_90"))
-    # causal takes one CTA per tile unless asked; with the persistent TMA-store grid it may
-    assert plan_v3(build_ir(presets.causal(128)), "sm_90", persistent=True, tma_store_o=True,
-                   o_in_k_slot=True).o_in_k_slot
-    with pytest.raises(PlanError, match="expected o_in_k_slot with the TMA-store epilogue"):
-        plan_v3(build_ir(presets.causal(128)), "sm_90", o_in_k_slot=True)
-    with pytest.raises(PlanError, match=r"expected o_in_k_slot with the TMA-store epilogue .*tma_store_o=False"):
-        plan_v3(build_ir(presets.plain(128)), "sm_90", persistent=True, tma_store_o=False, o_in_k_slot=True)
-    with pytest.raises(PlanError, match="expected o_in_k_slot a bool, got 1"):
-        plan_v3(build_ir(presets.plain(128)), "sm_90", o_in_k_slot=1)
-    # plain d = 64 (BLOCK_M 192): no BLOCK_N holds a 192-row O tile, so no TMA-store grid with it
-    with pytest.raises(PlanError, match="expected o_in_k_slot with the TMA-store epilogue"):
-        plan_v3(build_ir(presets.plain(64)), "sm_90", o_in_k_slot=True)
-    p = plan_v3(build_ir(presets.plain(64)), "sm_90", persistent=True, tma_store_o=True, o_in_k_slot=True,
-                block_m=128)
-    assert p.o_in_k_slot and p.block_n >= 128
-
-
-@pytest.mark.nvcc
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_nvcc_o_in_k_slot():
-    """With o_in_k_slot the persistent TMA-store kernels build for sm_90a without spills and without serialized
-    wgmmas (C7510-C7520: the branches on the held slot are voted warp-uniform, v3_fwd.cuh kOInK)."""
-    opts = {"persistent": True, "tma_store_o": True, "block_m": 128, "o_in_k_slot": True}
-    specs = {"plain": presets.plain(128), "sliding_window": presets.sliding_window(1024, 128),
-             "causal": presets.causal(128), "softcap": presets.softcap(30.0, 128),
-             "holes64": ac.AttentionSpec(head_dim=64, mask_mod=lambda b, h, q, kv: (q >= 300) & (kv <= q), name="holes")}
-    jobs = {name: _render(spec, **opts).source for name, spec in specs.items()}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reps = dict(zip(jobs, pool.map(lambda src: compile_with_nvcc(src, "sm_90a"), jobs.values())))
-    for name, rep in reps.items():
-        serialized = sorted(set(re.findall(r"C75(?:1[0-8]|20)", rep.log)))
-        assert not serialized, f"{name}: ptxas serialized the wgmma instructions ({serialized})\n{rep.log[-3000:]}"
-        assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
 
 
 def test_varlen_plan_drops_the_o_tile():
@@ -307,36 +252,6 @@ def test_gpu_tiles_by_head(name):
             q, k, v = (torch.randn(4, 12, 1023, d, device="cuda", generator=g).bfloat16() for _ in range(3))
             outs.append(kern(q, k, v, return_lse=True))
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), f"{name} d={d}"
-
-
-@pytest.mark.gpu
-@needs_hopper
-@pytest.mark.parametrize("name", ("plain", "sliding_window", "causal", "alibi_causal", "softcap", "dropout", "holes"))
-def test_gpu_o_in_k_slot(name):
-    """O staged in the last K slot, at d 64 / 128 with several tiles per CTA (the slot is given back only after the
-    stores read it, while the next tile's copies come in), N 113 / 1023: the error-ratio rule, and O and LSE
-    bit-identical to the O tile of its own (same arithmetic; only the staging buffer and the stage count differ)."""
-    from attncompiler.testing import check_kernel
-
-    for d in (64, 128):
-        if name == "holes":  # tiles without keys (their O by direct stores) between tiles with keys
-            spec = ac.AttentionSpec(head_dim=d, mask_mod=lambda b, h, q, kv: (q >= 300) & (kv <= q), name="holes")
-        else:
-            spec = _spec(name, d, seqlen=1023)
-        opts = {"persistent": True, "tma_store_o": True, "block_m": 128}
-        kern = ac.compile(spec, "v3", o_in_k_slot=True, **opts)
-        assert kern.plan.o_in_k_slot
-        other = ac.compile(spec, "v3", **opts, block_n=kern.plan.block_n)
-        assert not other.plan.o_in_k_slot
-        for B, H, n in ((4, 12, 1023), (8, 48, 113)):
-            res = check_kernel(kern, B, H, n)
-            assert res.ok, f"{name} o_in_k_slot d={d} B={B} H={H} N={n}: {res}"
-            if name != "dropout":
-                g = torch.Generator(device="cuda").manual_seed(n)
-                q, k, v = (torch.randn(B, H, n, d, device="cuda", generator=g).bfloat16() for _ in range(3))
-                a, la = kern(q, k, v, return_lse=True)
-                b, lb = other(q, k, v, return_lse=True)
-                assert torch.equal(a, b) and torch.equal(la, lb), f"{name} d={d} N={n}: differs from the O tile"
 
 
 @pytest.mark.gpu

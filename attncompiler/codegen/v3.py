@@ -70,7 +70,6 @@ class V3Schedule:
             tma_store_o=plan.tma_store_o,
             softmax_copies=plan.softmax_copies,
             half_blocks=plan.half_blocks,
-            o_in_k_slot=plan.o_in_k_slot,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

@@ -32,7 +32,7 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, o_in_k_slot_wanted, tiles_by_head_choice
+from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, tiles_by_head_choice
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
@@ -117,8 +117,7 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head",
-              "o_in_k_slot")
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -153,7 +152,6 @@ class V3Plan(Plan):
     softmax_copies: int = 2
     half_blocks: bool = False
     tiles_by_head: bool = False
-    o_in_k_slot: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -162,8 +160,7 @@ class V3Plan(Plan):
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
-                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head,
-                "o_in_k_slot": self.o_in_k_slot}
+                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -269,8 +266,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
-            half_blocks: bool | None = None, tiles_by_head: bool | None = None,
-            o_in_k_slot: bool | None = None) -> V3Plan:
+            half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -279,7 +275,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
                               late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
-                              half_blocks=half_blocks, tiles_by_head=tiles_by_head, o_in_k_slot=o_in_k_slot)
+                              half_blocks=half_blocks, tiles_by_head=tiles_by_head)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -303,8 +299,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              kv_descending: bool | None = None, score_skip: bool | None = None,
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
              tma_store_o: bool | None = None, softmax_copies: int | None = None,
-             half_blocks: bool | None = None, tiles_by_head: bool | None = None,
-             o_in_k_slot: bool | None = None) -> V3Plan:
+             half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -358,7 +353,6 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         raise PlanError(f"v3: expected tma_store_o with persistent=True (the persistent grid's epilogue), got "
                         f"persistent={persistent!r}")
     o_tile = bool(tma_store_o)
-    k_slot = o_in_k_slot_wanted(o_in_k_slot, tma_store_o, persistent)  # plan/v3_grid.py: O staged in a K slot
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout, the polynomial exponentials or a mask reading buffers: at most PREFERRED_BLOCK_N_DROPOUT (d=64
@@ -399,23 +393,17 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']}{half} + {REG_SLACK_MULTI_CTA} registers "
                                 f"per thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
                 continue
-            if o_tile and k_slot and bm * v3_padded(dv, eb) > bn * v3_padded(d, eb):
-                rejected.append(f"BLOCK_N={bn}: o_in_k_slot needs the O tile ({bm} x {v3_padded(dv, eb)}) to fit a K "
-                                f"tile ({bn} x {v3_padded(d, eb)})")
-                continue
-            o_bytes = o_tile and not k_slot  # the O tile's own bytes
-            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_bytes) <= limit
-                    and (st >= 2 or not (o_tile and k_slot))]
+            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
             if not fits:
                 st = stage_choices[-1]
-                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_bytes)} B with {st} "
+                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile)} B with {st} "
                                 f"stage(s) > {limit} B {per_block}")
                 continue
             st = fits[0]
             if stages is None and st < MAX_STAGES:
-                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_bytes)
+                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile)
                 rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
-            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_bytes), regs, st), rejected
+            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile), regs, st), rejected
         return None, rejected
 
     chosen, rejected = search(o_tile)
@@ -461,7 +449,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
           f"{pref_why} that fits"),
         reg_line,
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})"
-        f"{f' + {bm}*{dvp} (the O tile)' if o_tile and not k_slot else ''}) + {MBARRIER_BYTES}*"
+        f"{f' + {bm}*{dvp} (the O tile)' if o_tile else ''}) + {MBARRIER_BYTES}*"
         f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit beside the O tile (the persistent "
@@ -521,12 +509,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     if o_tile:
         reasons.append("O written by TMA stores (tma_store_o): each consumer warpgroup stages its rows of O in an O "
                        "tile of its own and one thread stores them per 64-column box; the next tile's Q lands "
-                       "meanwhile, and only the next staging waits for the stores to have read the tile"
-                       + ("; the O tile is the K half of the tile's last K/V stage (o_in_k_slot), released to the "
-                          "producer once the stores read it" if k_slot else ""))
-    elif k_slot:
-        raise PlanError("v3: expected o_in_k_slot with the TMA-store epilogue (persistent=True, tma_store_o=True), got "
-                        "one CTA per tile or direct stores")
+                       "meanwhile, and only the next staging waits for the stores to have read the tile")
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} " + ("(the band mask's width, above)" if band is not None else
                        "(S and P registers beside O; FlashAttention-3's tile widths for this head dim)"))
@@ -538,5 +521,5 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
-        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head, o_in_k_slot=k_slot and o_tile,
+        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head,
     )

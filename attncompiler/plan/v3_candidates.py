@@ -49,12 +49,6 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     if base.persistent:  # the other tile order (plan/v3_grid.py tiles_by_head_choice)
         order = plan_v3(ir_or_dims, target, **{**base.options, "tiles_by_head": not base.tiles_by_head})
         ranked.append(((1, 0, -base.block_n, -base.stages, 0), order.options))
-    if base.tma_store_o:  # O staged in a K slot instead (plan/v3_grid.py O_IN_K_SLOT_DEFAULT); stages re-searched
-        try:
-            kslot = plan_v3(ir_or_dims, target, **{**base.options, "stages": None, "o_in_k_slot": not base.o_in_k_slot})
-            ranked.append(((1, 0, -kslot.block_n, -kslot.stages, 0), kslot.options))
-        except PlanError:
-            pass
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
         try:
             half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,

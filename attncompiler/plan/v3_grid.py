@@ -30,8 +30,8 @@ from typing import Any
 
 import sympy
 
-__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "O_IN_K_SLOT_DEFAULT", "balanced_tiles",
-           "o_in_k_slot_wanted", "tiles_by_head_choice", "without_persistent_grid"]
+__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "tiles_by_head_choice",
+           "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
 #: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.03;
@@ -84,26 +84,6 @@ def tiles_by_head_choice(ir_or_dims: Any, persistent: bool, block_m: int, block_
     return balanced_tiles(ir_or_dims, block_m, block_n)
 
 
-#: ``o_in_k_slot``: the TMA-store epilogue stages O in the K half of the tile's last K/V stage (its S GEMM is done)
-#: instead of an O tile of its own, so the O tile's bytes go to another K/V stage (d = 128: 3 instead of 2); each
-#: consumer warpgroup's first thread gives the slot back to the producer once its stores have read it, after the
-#: next tile's first S GEMM (v3_fwd.cuh kOInK).  Off by default until measured.
-O_IN_K_SLOT_DEFAULT = False
-
-
-def o_in_k_slot_wanted(o_in_k_slot: bool | None, tma_store_o: bool | None, persistent: bool | None) -> bool:
-    """Whether the plan should stage O in a K slot: forced (a bool), or O_IN_K_SLOT_DEFAULT; refused for anything but
-    a bool and, when forced, with an epilogue other than TMA stores the caller chose."""
-    from .model import PlanError
-
-    if o_in_k_slot is not None and not isinstance(o_in_k_slot, bool):
-        raise PlanError(f"v3: expected o_in_k_slot a bool, got {o_in_k_slot!r}")
-    if o_in_k_slot and (tma_store_o is False or persistent is False):
-        raise PlanError(f"v3: expected o_in_k_slot with the TMA-store epilogue (persistent=True, tma_store_o=True), "
-                        f"got persistent={persistent!r}, tma_store_o={tma_store_o!r}")
-    return O_IN_K_SLOT_DEFAULT if o_in_k_slot is None else o_in_k_slot
-
-
 def without_persistent_grid(plan: Any) -> Any:
     """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
     grid, no TMA stores of O, and the shared memory without the O tile (the same tiles and stages: the kernel the
@@ -116,4 +96,4 @@ def without_persistent_grid(plan: Any) -> Any:
         smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
                              elem_bytes(plan.dtype))
     return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, tiles_by_head=False,
-                               o_in_k_slot=False, smem_bytes=smem)
+                               smem_bytes=smem)

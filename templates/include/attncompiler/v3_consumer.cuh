@@ -36,10 +36,9 @@ struct V3Layout {
   static constexpr int kKBytes = BN * DB * 128;
   static constexpr int kVBytes = BN * DVB * 128;
   static constexpr int kStageBytes = kKBytes + kVBytes;
-  // Cfg::TMA_STORE_O: the O tile the epilogue stages for its TMA stores, after the K/V ring (DVB boxes of BM rows),
-  // or with Cfg::O_IN_K_SLOT in the K half of the stage of the tile's last K/V block (no bytes of its own)
+  // Cfg::TMA_STORE_O: the O tile the epilogue stages for its TMA stores, after the K/V ring (DVB boxes of BM rows)
   static constexpr int kOOffset = kQBytes + STAGES * kStageBytes;
-  static constexpr int kOBytes = Cfg::TMA_STORE_O && !Cfg::O_IN_K_SLOT ? BM * DVB * 128 : 0;
+  static constexpr int kOBytes = Cfg::TMA_STORE_O ? BM * DVB * 128 : 0;
   static constexpr int kBarOffset = kOOffset + kOBytes;
   static constexpr int kNumBars = 2 + 4 * STAGES;
   static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
@@ -58,8 +57,6 @@ struct V3Layout {
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kOBytes % 1024 == 0,
                 "1024-byte aligned tiles");
   static_assert(!Cfg::TMA_STORE_O || Cfg::PERSISTENT, "the O tile's TMA stores are the persistent grid's epilogue");
-  static_assert(!Cfg::O_IN_K_SLOT || (Cfg::TMA_STORE_O && BM * DVB * 128 <= kKBytes && STAGES >= 2),
-                "O in a K slot: TMA stores, an O tile that fits a K tile, and a second stage for the next tile's K_0");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };
 

@@ -174,8 +174,7 @@ __device__ __forceinline__ void v3_epilogue(V3Consumer<Cfg>& st, const AttnParam
 }
 
 // The persistent grid's epilogue with Cfg::TMA_STORE_O: the warpgroup stages O / l in its 64 rows of the
-// O tile (sOt: V3Layout::kOOffset, its own buffer, so the next tile's Q can land meanwhile; with Cfg::O_IN_K_SLOT the
-// K half of the tile's last K/V stage, v3_fwd.cuh kOInK) and its first
+// O tile (sOt: V3Layout::kOOffset, its own buffer, so the next tile's Q can land meanwhile) and its first
 // thread writes them with one TMA store per 64-column box of the o map (omap: boxes of 64 x 64; rows >= Nq
 // and columns >= DV lie outside the tensor, and the copy engine drops them). The stores run on while the
 // warpgroup starts its next tile. Before the staging rewrites the rows, the same thread waits until the
@@ -187,7 +186,7 @@ __device__ __forceinline__ void v3_epilogue_tma(V3Consumer<Cfg>& st, const AttnP
                                                 unsigned int sOt, const Desc* omap, int wg, int row0, int wq_lo,
                                                 int b, int h, int bh, int trace_tile) {
   using L = V3Layout<Cfg>;
-  static_assert(Cfg::TMA_STORE_O && (L::kOBytes == L::BM * L::DVB * 128 || Cfg::O_IN_K_SLOT), "the O tile");
+  static_assert(Cfg::TMA_STORE_O && L::kOBytes == L::BM * L::DVB * 128, "the O tile");
   float inv[2];
   v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
   AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);

@@ -341,40 +341,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       phase ^= 1u;
     }
   };
-  // O_IN_K_SLOT: the epilogue stages O in the K half of the stage of this warpgroup's last block of the tile (its S
-  // GEMM is done), so that block's K slot is held (`held`) instead of released after its S GEMM; once the TMA stores
-  // are issued it is `pending`, and after the next tile's first S GEMM (or at a tile without blocks) the first
-  // thread waits until the stores have read it and arrives for all 128 threads of the warpgroup. STAGES >= 2: the
-  // next tile's K_0 lands in another slot. The warpgroups run the same blocks (no per-warpgroup walks: BLOCK_N >=
-  // BLOCK_M), so both hold the same slot, each staging its own 64 rows.
-  constexpr bool kOInK = Cfg::O_IN_K_SLOT;
-  static_assert(!kOInK || (!kWgWalk && Cfg::TMA_STORE_O), "O in a K slot: every warpgroup on every block, TMA stores");
-  int held = -1, pending = -1;
-  const bool epi_leader = (threadIdx.x & 127) == 0;
-  // After a block's S GEMM: its K slot back to the producer, or held when it is the warpgroup's last block of the
-  // tile (`last`: the next block is outside its run) and O goes there.
-  auto release_k = [&](bool last) {
-    if constexpr (kOInK) {
-      // (uniform over the warpgroup; the vote tells ptxas so: a branch it takes for divergent while the previous
-      // block's P V is in flight serializes every wgmma, C7520)
-      if (__any_sync(0xffffffffu, last)) {
-        held = s;
-        return;
-      }
-    }
-    mbar_arrive(empty_k(s));
-  };
-  auto release_pending = [&]() {
-    if constexpr (kOInK) {
-      if (__any_sync(0xffffffffu, pending >= 0)) {  // (uniform; voted so for ptxas, as below)
-        if (epi_leader) {
-          bulk_wait_read_all();  // the stores have read the slot
-          mbar_arrive_cnt(empty_k(pending), 128);
-        }
-        pending = -1;
-      }
-    }
-  };
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
@@ -484,8 +450,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       v3_by_part<Cfg>(st, part, s0_step);
       reg_fence(st.acc_s);
       AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
-      release_pending();  // the previous tile's O slot
-      release_k(kOInK && !(walk.valid(j_next) && in_wg(j_next)));
+      mbar_arrive(empty_k(s));
       {
         float alpha[2];
         st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
@@ -520,7 +485,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         };
         v3_by_part<Cfg>(st, part, step);
         reg_fence(st.acc_s);
-        release_k(kOInK && !(walk.valid(j_next) && in_wg(j_next)));  // S_i is done: K_i's slot may be refilled
+        mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
         st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
         auto pv_done = [&]() {
@@ -579,7 +544,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
       mbar_arrive(barQfree);
-      release_pending();
       // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
       // and the last P V are one turn each), so it takes the last one empty.
       if (kWgWalk && skipped) {
@@ -596,19 +560,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
     // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
     // rows >= Nq are not written.
-    if constexpr (kOInK) {
-      // (held is uniform over the warpgroup; the vote tells ptxas so: both arms touch the wgmma accumulators, and a
-      // warpgroup.arrive it injects on a path it takes for divergent serializes every wgmma, C7520)
-      if (__any_sync(0xffffffffu, held >= 0)) {
-        bulk_fence_proxy_async_smem();  // the slot's K was read by wgmma (async proxy); now generic stores
-        v3_epilogue_tma<Cfg>(st, p, buf, sKV0 + held * L::kStageBytes, &maps.o, wg, row0, wq_lo, b, h, bh,
-                             AC_TRACE_TILE(tile));
-        pending = held;
-        held = -1;
-      } else {  // no block for these rows: O = 0 by direct stores
-        v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
-      }
-    } else if constexpr (Cfg::TMA_STORE_O) {
+    if constexpr (Cfg::TMA_STORE_O) {
       v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
     } else {
       v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));

@@ -34,10 +34,6 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned int bar, unsigned int by
 __device__ __forceinline__ void mbar_arrive(unsigned int bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-// `count` arrivals by one thread (for a group whose other threads do not arrive themselves).
-__device__ __forceinline__ void mbar_arrive_cnt(unsigned int bar, unsigned int count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
 // Wait until the phase with parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned int bar, unsigned int parity) {
   asm volatile(
