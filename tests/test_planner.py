@@ -595,6 +595,8 @@ def test_cli_plan_and_show_explain_the_auto_choice(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "v3 plan for sm_90" in out and "1. schedule 'auto' on sm_90 -> v3: Hopper" in out
     assert "HBM IO: v3 plan on sm_90" in out and "v3 candidates on sm_90" in out
+    # the candidates table names the options a row changes beside its tile, stages and grid
+    assert "other options" in out and "softmax_copies=1" in out and "half_blocks=True" in out
     assert main(["plan", "causal", "--arch", "sm_90", "--head-dim", "96"]) == 0
     out = capsys.readouterr().out
     assert "v3 plan for sm_90" in out and "smem rows padded to 128 / 128 columns" in out

@@ -63,15 +63,22 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
 
 
 def format_candidates_v3(ir_or_dims: Any, target: Target | str | None) -> str:
-    """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_M, BLOCK_N, stages, grid, smem."""
+    """The autotuner's v3 space (:func:`candidates_v3`) as a table: rank, BLOCK_M, BLOCK_N, stages, grid, smem,
+    registers, and the other options that differ from the model's choice (rank 1)."""
     t = resolve_target(target)
-    rows = [("rank", "BLOCK_M", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)")]
-    for i, o in enumerate(candidates_v3(ir_or_dims, t), 1):
+    rows = [("rank", "BLOCK_M", "BLOCK_N", "stages", "persistent", "smem B", "registers/thread (est.)",
+             "other options")]
+    shown = ("block_m", "block_n", "stages", "persistent")
+    cands = candidates_v3(ir_or_dims, t)
+    for i, o in enumerate(cands, 1):
         p = plan_v3(ir_or_dims, t, **o)
         regs = v3_register_estimate(p.block_n, p.head_dim_v)["total"]
+        other = " ".join(f"{k}={v}" for k, v in o.items() if k not in shown and v != cands[0].get(k))
         rows.append((str(i), str(p.block_m), str(p.block_n), str(p.stages), "yes" if p.persistent else "no",
-                     str(p.smem_bytes), f"{regs} <= {p.consumer_regs}"))
+                     str(p.smem_bytes), f"{regs} <= {p.consumer_regs}", other or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     head = (f"v3 candidates on {t.name} (the autotuner's space; rank 1 = the model's choice; BLOCK_M = 64 rows x "
             f"consumer warpgroups):")
-    return "\n".join([head] + ["  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows])
+    last = len(widths) - 1  # the options column reads left to right
+    return "\n".join([head] + ["  " + "  ".join(v.ljust(w) if c == last else v.rjust(w)
+                                                  for c, (v, w) in enumerate(zip(r, widths))).rstrip() for r in rows])
