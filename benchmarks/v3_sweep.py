@@ -6,7 +6,8 @@ Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (
 alibi_causal, softcap, sliding_window
 (window 1024) or sliding_windowW (window W), fullmask, or a preset name), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
-option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``define=NAME`` (``define=A+B``: both) compiles the kernel with
+option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``smem=BYTES`` launches with that much
+dynamic shared memory (the plan's layout, the rest unused: the L1 carve-out's cost); ``define=NAME`` (``define=A+B``: both) compiles the kernel with
 ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
@@ -39,6 +40,16 @@ def with_define(kern, name: str):
 
     lines = "".join(f"#define {n} 1\n" for n in name.split("+"))  # define=A+B: both
     ks = dataclasses.replace(kern.kernel_source, source=lines + kern.kernel_source.source)
+    return dataclasses.replace(kern, kernel_source=ks, _loaded={}, _lock=threading.Lock(), _op_id=0, _decode=None,
+                               _v2=None, _decode_cp=None)
+
+
+def with_smem(kern, smem_bytes: int):
+    """A copy of ``kern`` launched with ``smem_bytes`` of dynamic shared memory (its own loaded functions; the kernel
+    uses only its own layout): the cost of the shared-memory size alone (the L1 carve-out it leaves)."""
+    import threading
+
+    ks = dataclasses.replace(kern.kernel_source, smem_bytes=smem_bytes)
     return dataclasses.replace(kern, kernel_source=ks, _loaded={}, _lock=threading.Lock(), _op_id=0, _decode=None,
                                _v2=None, _decode_cp=None)
 
@@ -86,6 +97,7 @@ def main(argv: list[str]) -> int:
         options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", tokens))
         define = options.pop("define", None)  # a source-level variant: "#define NAME 1" before the kernel
+        smem = options.pop("smem", None)  # launch with this much dynamic shared memory (not less than the plan's)
         B, H = tokens // N, 2048 // d
         if (d, N) not in sets_by_d:
             sets_by_d[(d, N)] = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16)
@@ -96,6 +108,8 @@ def main(argv: list[str]) -> int:
             kern = ac.compile(_spec(var, d, H, N), "v3", **options)
             if define:
                 kern = with_define(kern, define)
+            if smem:
+                kern = with_smem(kern, max(int(smem), kern.kernel_source.smem_bytes))
             it = [0]
 
             def step(kern=kern):
