@@ -18,8 +18,9 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     The space is what :func:`plan_v3` exposes: BLOCK_M (128 or 192: two or three consumer warpgroups),
     BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
-    with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, and with a
-    mask its half-block plan (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
+    with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, on the
+    persistent grid with the other tile order (``tiles_by_head``), and with a mask its half-block plan
+    (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
     differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
