@@ -232,6 +232,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         // S GEMMs finish and free Q.
         auto load_q = [&]() {
           mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
+#ifdef AC_V3_Q_ONCE  // timing only (wrong results): every tile reuses the first tile's Q, no reload
+          if constexpr (!Cfg::SCORE_SKIP) {
+            mbar_arrive(barQ);
+            return;
+          }
+#endif
           if constexpr (Cfg::SCORE_SKIP) {
             mbar_expect_tx(barQ, L::kQBytes);  // arrival: publish_walk
           } else {
@@ -560,10 +566,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
     // Epilogue: O / l, LSE = (m + log2 l) * ln 2; rows with no visible key get O = 0 and LSE = -inf;
     // rows >= Nq are not written.
-    if constexpr (Cfg::TMA_STORE_O) {
-      v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
-    } else {
-      v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+#ifdef AC_V3_NO_EPILOGUE  // timing only (no output): what the epilogue costs the persistent grid's boundary
+    if (p.Nq < 0)
+#endif
+    {
+      if constexpr (Cfg::TMA_STORE_O) {
+        v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+      } else {
+        v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
+      }
     }
     AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi0, threadIdx.x == 128);
     AC_TRACE(AC_TRACE_TILE(tile), kTraceEpi1, threadIdx.x == 256);
