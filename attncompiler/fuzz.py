@@ -75,6 +75,7 @@ V3_OPTION_SETS: tuple[dict[str, Any], ...] = (
     {"exp2_poly": 3}, {"block_n": 64, "stages": 2}, {"persistent": True, "block_m": 192}, {"late_pv_wait": True},
     {"persistent": True, "tma_store_o": True}, {"softmax_copies": 1}, {"softmax_copies": 2},
     {"half_blocks": True}, {"persistent": True, "tma_store_o": True, "tiles_by_head": False},
+    {"persistent": True, "tma_store_o": True, "q_prefetch": True, "score_skip": False},
 )
 
 

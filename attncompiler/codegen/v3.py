@@ -70,6 +70,7 @@ class V3Schedule:
             tma_store_o=plan.tma_store_o,
             softmax_copies=plan.softmax_copies,
             half_blocks=plan.half_blocks,
+            q_prefetch=plan.q_prefetch,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

@@ -32,7 +32,7 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, tiles_by_head_choice
+from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, q_prefetch_choice, tiles_by_head_choice
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
@@ -50,6 +50,10 @@ __all__ = [
 WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer warpgroup owns
 CONSUMER_WGS = 2             # two consumers: ping-pong (one softmax under the other's GEMMs)
 PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addresses and counters
+#: with q_prefetch the producer warpgroup's second warp runs the O stores and Q copies: at 24 registers ptxas
+#: spilled in the K/V loop of band masks (sliding window d128: 8 loads, 6 stores); 32 fits every kernel (
+#: 32*128 + 240*256 = 65536)
+PRODUCER_REGS_Q_PREFETCH = 32
 CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
 # block_m = 192 (plan option): three consumer warpgroups taking GEMM turns round robin, as FlashAttention-3
 # tiles d = 64; 24*128 + 160*384 = 64512 <= 65536, so each consumer gets 160 registers.
@@ -117,7 +121,8 @@ EXP2_POLY_STATIC = {64: 4}
 BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
-              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head")
+              "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head",
+              "q_prefetch")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -152,6 +157,7 @@ class V3Plan(Plan):
     softmax_copies: int = 2
     half_blocks: bool = False
     tiles_by_head: bool = False
+    q_prefetch: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -160,7 +166,7 @@ class V3Plan(Plan):
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
-                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head}
+                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head, "q_prefetch": self.q_prefetch}
 
     def _config_lines(self) -> list[str]:
         return super()._config_lines() + [
@@ -169,7 +175,8 @@ class V3Plan(Plan):
             f"{self.consumer_regs}); "
             f"{self.stages} K/V stages; "
             f"{f'persistent grid ({self.ctas_per_sm} CTA(s) per SM)' if self.persistent else 'one CTA per tile'}"
-            f"{'; O written by TMA stores from an O tile' if self.tma_store_o else ''}",
+            f"{'; O written by TMA stores from an O tile' if self.tma_store_o else ''}"
+            f"{' (by a producer warp; the next Q loaded a tile ahead into the other tile)' if self.q_prefetch else ''}",
             f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
@@ -192,10 +199,11 @@ def v3_head_dim_error(d: int, dv: int) -> str | None:
 
 
 def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: int = 2,
-                  o_tile: bool = False) -> int:
-    """Q tile + STAGES x (K + V) tiles [+ the O tile of ``tma_store_o``] + mbarriers + the tile word + the
-    1024-byte alignment slack (as V3Layout); head dims count whole 64-column boxes (:func:`v3_padded`)."""
-    n_bars = 2 + 4 * stages
+                  o_tile: bool = False, q_prefetch: bool = False) -> int:
+    """Q tile + STAGES x (K + V) tiles [+ the O tile of ``tma_store_o``] + mbarriers (two more with
+    ``q_prefetch``) + the tile word + the 1024-byte alignment slack (as V3Layout); head dims count whole
+    64-column boxes (:func:`v3_padded`)."""
+    n_bars = 2 + 4 * stages + (2 if q_prefetch else 0)
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     return (SMEM_ALIGN_SLACK + eb * (block_m * dp + stages * block_n * (dp + dvp) + (block_m * dvp if o_tile else 0))
             + MBARRIER_BYTES * n_bars + TILE_WORD_BYTES)
@@ -266,7 +274,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             kv_descending: bool | None = None, score_skip: bool | None = None,
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
-            half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
+            half_blocks: bool | None = None, tiles_by_head: bool | None = None,
+            q_prefetch: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -275,7 +284,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
                               late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
-                              half_blocks=half_blocks, tiles_by_head=tiles_by_head)
+                              half_blocks=half_blocks, tiles_by_head=tiles_by_head, q_prefetch=q_prefetch)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -299,7 +308,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              kv_descending: bool | None = None, score_skip: bool | None = None,
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
              tma_store_o: bool | None = None, softmax_copies: int | None = None,
-             half_blocks: bool | None = None, tiles_by_head: bool | None = None) -> V3Plan:
+             half_blocks: bool | None = None, tiles_by_head: bool | None = None,
+             q_prefetch: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -353,6 +363,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         raise PlanError(f"v3: expected tma_store_o with persistent=True (the persistent grid's epilogue), got "
                         f"persistent={persistent!r}")
     o_tile = bool(tma_store_o)
+    qpf = q_prefetch is True  # its two mbarriers counted wherever the O tile is (checked against the grid below)
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout, the polynomial exponentials or a mask reading buffers: at most PREFERRED_BLOCK_N_DROPOUT (d=64
@@ -393,17 +404,17 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']}{half} + {REG_SLACK_MULTI_CTA} registers "
                                 f"per thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
                 continue
-            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile) <= limit]
+            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile) <= limit]
             if not fits:
                 st = stage_choices[-1]
-                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile)} B with {st} "
+                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile)} B with {st} "
                                 f"stage(s) > {limit} B {per_block}")
                 continue
             st = fits[0]
             if stages is None and st < MAX_STAGES:
-                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile)
+                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile, qpf and o_tile)
                 rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
-            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile), regs, st), rejected
+            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile), regs, st), rejected
         return None, rejected
 
     chosen, rejected = search(o_tile)
@@ -424,6 +435,9 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 why_bal if not balanced else f"the O tile of the TMA stores would not keep BLOCK_N {chosen[0]} with "
                                              f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
     bn, smem, regs, st = chosen
+    qpf, why_qpf = q_prefetch_choice(q_prefetch, o_tile, score_skip_asked=score_skip, d_padded=v3_padded(d, eb),
+                                     dv_padded=v3_padded(dv, eb))
+    producer_regs = PRODUCER_REGS_Q_PREFETCH if qpf and ctas == 1 else PRODUCER_REGS
     by_head, why_order = tiles_by_head_choice(ir_or_dims, bool(persistent), bm, bn, tiles_by_head)
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     half_s = regs.get("half S", 0)
@@ -431,7 +445,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     reg_line = (
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']}{half_txt} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
-        f"({PRODUCER_REGS}*128 + {consumer_regs}*{128 * nc} <= 65536)" if ctas == 1 else
+        f"({producer_regs}*128 + {consumer_regs}*{128 * nc} <= 65536)" if ctas == 1 else
         f"registers per thread: O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']}{half_txt} + slack {REG_SLACK_MULTI_CTA} "
         f"<= {reg_cap}, what ptxas gives each of {ctas} CTAs x {32 * nw} threads per SM (P reuses S's registers)")
     reasons = [
@@ -450,7 +464,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         reg_line,
         f"smem = {SMEM_ALIGN_SLACK} (alignment) + {eb}*({bm}*{dp} + {st}*{bn}*({dp}+{dvp})"
         f"{f' + {bm}*{dvp} (the O tile)' if o_tile else ''}) + {MBARRIER_BYTES}*"
-        f"{2 + 4 * st} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
+        f"{2 + 4 * st + (2 if qpf else 0)} (mbarriers) + {TILE_WORD_BYTES} (tile word) = {smem} B <= {limit} B {per_block}",
         f"STAGES = {st}" + (" (forced)" if stages is not None else
                             f": the most K/V stages (<= {MAX_STAGES}) that fit beside the O tile (the persistent "
                             f"grid with TMA stores measured faster at 2 stages than one CTA per tile at 3: "
@@ -492,7 +506,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                        f"BLOCK_N {bn} < BLOCK_M {bm}: a warpgroup's rows may miss whole blocks of the CTA's walk; for "
                        f"those it takes an empty GEMM turn)")
     why_not = "" if desc else "the K/V walk is ascending (the skip needs the largest column term visited first)"
-    skip, why_skip = score_skip_choice(ir_or_dims, "v3", score_skip, why_not)
+    skip, why_skip = score_skip_choice(ir_or_dims, "v3", score_skip, why_not if not qpf else
+                                       "q_prefetch: the producer's tile word is not published with the Q copy")
     reasons.append(why_skip)
     qpre, why_qpre = q_prescale_choice(ir_or_dims, q_prescale)
     reasons.append(why_qpre)
@@ -510,6 +525,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         reasons.append("O written by TMA stores (tma_store_o): each consumer warpgroup stages its rows of O in an O "
                        "tile of its own and one thread stores them per 64-column box; the next tile's Q lands "
                        "meanwhile, and only the next staging waits for the stores to have read the tile")
+    if why_qpf is not None:
+        reasons.append(why_qpf)
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} " + ("(the band mask's width, above)" if band is not None else
                        "(S and P registers beside O; FlashAttention-3's tile widths for this head dim)"))
@@ -518,8 +535,8 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         schedule="v3", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=bm, block_n=bn,
         num_warps=nw, num_threads=32 * nw, smem_bytes=smem,
         est_registers_per_thread=consumer_regs if ctas == 1 else reg_cap,
-        ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=PRODUCER_REGS,
+        ctas_per_sm=ctas, reasons=tuple(reasons), stages=st, consumers=nc, producer_regs=producer_regs,
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
-        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head,
+        softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head, q_prefetch=qpf,
     )

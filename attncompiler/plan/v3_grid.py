@@ -30,8 +30,8 @@ from typing import Any
 
 import sympy
 
-__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "tiles_by_head_choice",
-           "without_persistent_grid"]
+__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "q_prefetch_choice",
+           "tiles_by_head_choice", "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
 #: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.03;
@@ -84,6 +84,33 @@ def tiles_by_head_choice(ir_or_dims: Any, persistent: bool, block_m: int, block_
     return balanced_tiles(ir_or_dims, block_m, block_n)
 
 
+def q_prefetch_choice(q_prefetch: bool | None, o_tile: bool, *, score_skip_asked: bool | None, d_padded: int,
+                      dv_padded: int) -> tuple[bool, str | None]:
+    """Whether the persistent grid's tiles take their Q a tile ahead (``q_prefetch``), and the reason line (None
+    when off by default). With it the Q tile and the O tile take turns: tile number i of a CTA has its Q in buffer
+    i mod 2, its consumers stage O there once their S GEMMs are done, and a producer warp writes it by TMA stores and
+    then loads the Q of tile i + 2 into it (``templates/include/attncompiler/v3_fwd.cuh`` ``Q_PREFETCH``). So no
+    tile waits for its Q and no consumer thread for a store. Needs the O tile (``tma_store_o``), Q and O tiles of one
+    size, and no score skip (whose tile word travels with the Q copy). Off unless asked (not yet measured)."""
+    from .model import PlanError
+
+    if q_prefetch is not None and not isinstance(q_prefetch, bool):
+        raise PlanError(f"v3: expected q_prefetch a bool, got {q_prefetch!r}")
+    if not q_prefetch:
+        return False, ("Q a tile ahead: off (forced)" if q_prefetch is False else None)
+    if not o_tile:
+        raise PlanError("v3: expected q_prefetch with the persistent grid's TMA stores of O (persistent=True, "
+                        "tma_store_o=True), got a plan without the O tile")
+    if score_skip_asked:
+        raise PlanError("v3: expected q_prefetch without score_skip (the skip's tile word travels with the Q copy), "
+                        "got score_skip=True")
+    if d_padded != dv_padded:
+        raise PlanError(f"v3: expected q_prefetch with Q and O tiles of one width (they take turns in one buffer), "
+                        f"got D padded to {d_padded} and DV to {dv_padded} columns")
+    return True, ("Q a tile ahead (q_prefetch, forced): the Q tile and the O tile take turns; tile i's Q in buffer "
+                  "i mod 2, O staged there, stored by a producer warp, which then loads tile i + 2's Q into it")
+
+
 def without_persistent_grid(plan: Any) -> Any:
     """``plan`` (a V3Plan) for one CTA per tile without the score skip (the packed-sequence kernel): no persistent
     grid, no TMA stores of O, and the shared memory without the O tile (the same tiles and stages: the kernel the
@@ -96,4 +123,4 @@ def without_persistent_grid(plan: Any) -> Any:
         smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
                              elem_bytes(plan.dtype))
     return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, tiles_by_head=False,
-                               smem_bytes=smem)
+                               q_prefetch=False, smem_bytes=smem)

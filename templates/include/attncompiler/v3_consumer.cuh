@@ -40,7 +40,8 @@ struct V3Layout {
   static constexpr int kOOffset = kQBytes + STAGES * kStageBytes;
   static constexpr int kOBytes = Cfg::TMA_STORE_O ? BM * DVB * 128 : 0;
   static constexpr int kBarOffset = kOOffset + kOBytes;
-  static constexpr int kNumBars = 2 + 4 * STAGES;
+  // Q_PREFETCH: two more (the O tiles staged, one per buffer; v3_fwd.cuh)
+  static constexpr int kNumBars = 2 + 4 * STAGES + (Cfg::Q_PREFETCH ? 2 : 0);
   static constexpr int kAlignSlack = 1024;            // dynamic smem is only 16-byte aligned
   static constexpr int kTileWordBytes = 8;           // after the barriers: the walk's first block (SCORE_SKIP)
   static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars + kTileWordBytes;
@@ -57,6 +58,8 @@ struct V3Layout {
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kOBytes % 1024 == 0,
                 "1024-byte aligned tiles");
   static_assert(!Cfg::TMA_STORE_O || Cfg::PERSISTENT, "the O tile's TMA stores are the persistent grid's epilogue");
+  static_assert(!Cfg::Q_PREFETCH || (Cfg::TMA_STORE_O && !Cfg::SCORE_SKIP && kOBytes == kQBytes),
+                "Q_PREFETCH: Q tiles alternate between the Q and the O tile (of one size); no tile word");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };
 

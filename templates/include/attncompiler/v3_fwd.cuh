@@ -146,6 +146,14 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   // the tile word (SCORE_SKIP): the walk's first block of the current tile, written by the producer
   // before its arrival on barQ, read by the consumers after their wait on it
   const unsigned int sTileWord = bars + 8u * L::kNumBars;
+  // Q_PREFETCH: the CTA's tile number it has its Q in buffer it & 1 (0: the Q tile, 1: the O tile), landed on barQ
+  // or on barQfree's slot (unused otherwise); its consumers stage O / l in the same buffer and arrive on
+  // o_staged(it), and producer warp 1 writes it by TMA stores, then loads Q of tile number it + 2 there.
+  constexpr bool kQPrefetch = Cfg::Q_PREFETCH;
+  auto q_buf = [&](int it) -> unsigned int { return (kQPrefetch && (it & 1)) ? sOt : sQ; };
+  auto q_bar = [&](int it) -> unsigned int { return (kQPrefetch && (it & 1)) ? barQfree : barQ; };
+  auto q_parity = [&](int it) -> unsigned int { return kQPrefetch ? ((it >> 1) & 1) : (it & 1); };
+  auto o_staged = [&](int it) -> unsigned int { return bars + 8u * (2 + 4 * STAGES + (it & 1)); };
   auto full_k = [&](int s) { return bars + 8u * (1 + s); };
   auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
   auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
@@ -169,7 +177,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
   if (threadIdx.x == 0) {
     mbar_init(barQ, 1);
-    mbar_init(barQfree, NC * 128);
+    mbar_init(barQfree, kQPrefetch ? 1 : NC * 128);  // Q_PREFETCH: Q of buffer 1 landed
+    if constexpr (kQPrefetch) {
+      mbar_init(o_staged(0), NC * 128);
+      mbar_init(o_staged(1), NC * 128);
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_k(s), 1);
@@ -262,7 +274,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         int s_prev = 0, j_prev = -1;
         unsigned int phase_prev = 0;
         if (!walk.valid(j_first)) {
-          if (it > 0) load_q();
+          if (!kQPrefetch && it > 0) load_q();
           publish_walk();
         }
         for (int j = j_first; walk.valid(j); j = walk.next(j, b, h, q0, q_hi, p, buf), ++i) {
@@ -273,7 +285,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           for (int c = 0; c < L::DB; ++c)
             tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, rows.k_start + j * BN, h_kv, rows.batch, full_k(s));
           if (j == j_first) {
-            if (it > 0) load_q();
+            if (!kQPrefetch && it > 0) load_q();
             publish_walk();
           }
           AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_first);
@@ -287,6 +299,47 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           }
         }
         if (j_prev >= 0) load_v(j_prev, rows, h_kv, s_prev, phase_prev, i - 1);
+      }
+    }
+    if constexpr (kQPrefetch) {
+      // Q_PREFETCH, warp 1: the O stores, and the Q copies from the CTA's second tile on. Tile number it + 2 takes
+      // the buffer (and barrier) of tile number it once the stores of its O have read it.
+      if (warp == 1 && lane == 0) {
+        auto load_q_into = [&](int it, int tile) {
+          int q_block, bh;
+          v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+          const int b = bh / p.H, h = bh % p.H;
+          const V3Rows<Cfg> rows(p, b);
+          mbar_arrive_expect_tx(q_bar(it), L::kQBytes);
+#pragma unroll
+          for (int c = 0; c < L::DB; ++c)
+            tma_load_4d(q_buf(it) + c * BM * 128, &maps.q, c * 64, rows.q_start + q_block * BM, h, rows.batch, q_bar(it));
+        };
+        if (tile0 + tile_step < num_tiles) load_q_into(1, tile0 + tile_step);
+        int it = 0;
+        for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
+          int q_block, bh;
+          v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+          const int b = bh / p.H, h = bh % p.H;
+          mbar_wait(o_staged(it), (it >> 1) & 1);  // every consumer thread staged its rows of O / l
+#ifndef AC_V3_NO_O_STORE
+#pragma unroll
+          for (int w = 0; w < NC; ++w) {
+            const int wq_lo = q_block * BM + 64 * w;
+            if (wq_lo < p.Nq) {
+#pragma unroll
+              for (int c = 0; c < L::DVB; ++c)
+                bulk_tensor_s2g_4d(&maps.o, c * 64, wq_lo, h, b, q_buf(it) + c * BM * 128 + w * 64 * 128);
+            }
+          }
+          bulk_commit();
+#endif
+          if (tile + 2 * tile_step < num_tiles) {
+            bulk_wait_read_all();  // the stores have read the buffer
+            load_q_into(it, tile + 2 * tile_step);
+          }
+        }
+        bulk_wait_all();
       }
     }
     return;
@@ -416,11 +469,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
     };
 
-    mbar_wait(barQ, it & 1);  // always: the Q copy must land before Q is reused or the CTA exits
+    mbar_wait(q_bar(it), q_parity(it));  // always: the Q copy must land before Q is reused or the CTA exits
+    const unsigned int sQt = q_buf(it);  // this tile's Q
     if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
       asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
     }
-    if constexpr (Cfg::Q_PRESCALE) v3_scale_q<Cfg>(sQ, wg, Variant::score_q_scale(b, h, p, buf));
+    if constexpr (Cfg::Q_PRESCALE) v3_scale_q<Cfg>(sQt, wg, Variant::score_q_scale(b, h, p, buf));
     AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;
@@ -444,7 +498,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       int j_next, part_next;
       auto s0_step = [&](int pt) {
         wgmma_fence();
-        st.issue_qk_part(pt, sQ, sKV0 + s * L::kStageBytes, wg);
+        st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
         wgmma_commit();
         turn_grant();
         // The block walk runs while the GEMMs do: off the path from S to the next issue.
@@ -478,7 +532,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         turn_wait();
         auto step = [&](int pt) {
           wgmma_fence();
-          st.issue_qk_part(pt, sQ, sKV0 + s * L::kStageBytes, wg);
+          st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
           wgmma_commit();
           mbar_wait(full_v(s_prev), phase_prev);
           st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
@@ -535,7 +589,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
       AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
-      mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
+      if constexpr (!kQPrefetch) mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
       // The last block's P V.
       mbar_wait(full_v(s_prev), phase_prev);
       turn_wait();
@@ -549,7 +603,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_arrive(empty_v(s_prev));
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
-      mbar_arrive(barQfree);
+      if constexpr (!kQPrefetch) mbar_arrive(barQfree);
       // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
       // and the last P V are one turn each), so it takes the last one empty.
       if (kWgWalk && skipped) {
@@ -570,7 +624,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     if (p.Nq < 0)
 #endif
     {
-      if constexpr (Cfg::TMA_STORE_O) {
+      if constexpr (kQPrefetch) {
+        v3_epilogue_handoff<Cfg>(st, p, buf, sQt, o_staged(it), wg, row0, b, h, bh, AC_TRACE_TILE(tile));
+      } else if constexpr (Cfg::TMA_STORE_O) {
         v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
       } else {
         v3_epilogue<Cfg>(st, p, buf, sQ, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
@@ -581,7 +637,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   }
   if (kPingPong && wg == 0) named_bar_sync(kTurnBar + 0, 256);  // the extra grant (see above)
   // TMA_STORE_O: the last tile's stores read the O tile, which must outlive them
-  if constexpr (Cfg::TMA_STORE_O) {
+  if constexpr (Cfg::TMA_STORE_O && !kQPrefetch) {
     if ((threadIdx.x & 127) == 0) bulk_wait_all();
   }
 #undef AC_TRACE_TILE

@@ -1,0 +1,183 @@
+"""The persistent grid's Q a tile ahead (plan option ``q_prefetch``): the Q tile and the O tile take turns, a producer
+warp stores O and loads the next Q. The plan and its errors, the rendered kernel, its machine code (nvcc) and (GPU)
+its results: the error-ratio rule, and O and LSE bit-identical to the same plan without it."""
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.codegen.schedule import get_schedule
+from attncompiler.ir.build import build_ir
+from attncompiler.plan.model import PlanError
+from attncompiler.plan.targets import get_target
+from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v3, v3_smem_bytes
+from attncompiler.runtime.compiler import compile_with_nvcc
+from attncompiler.spec import presets
+
+from _nvcc import ptx_sm90a
+
+TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+GRID = {"persistent": True, "tma_store_o": True}
+
+
+def _render(spec: ac.AttentionSpec, **opts):
+    tgt = get_target("sm_90")
+    ir = build_ir(spec)
+    sched = get_schedule("v3")
+    return sched.render(ir, sched.make_plan(ir, tgt, **opts), tgt)
+
+
+def test_plan_q_prefetch():
+    """Forced on: the same tiles and stages as the O tile's plan, two more mbarriers (16 B), the producer's wider
+    register budget, and a reason line; off by default, and the options reproduce the plan."""
+    ir = build_ir(presets.sliding_window(1024, 128))
+    base = plan_v3(ir, "sm_90")
+    assert base.persistent and base.tma_store_o and not base.q_prefetch
+    p = plan_v3(ir, "sm_90", q_prefetch=True)
+    assert p.q_prefetch and (p.block_n, p.stages, p.block_m) == (base.block_n, base.stages, base.block_m)
+    assert p.smem_bytes == base.smem_bytes + 16 == v3_smem_bytes(128, p.block_n, 128, 128, p.stages, o_tile=True,
+                                                                   q_prefetch=True)
+    assert (base.producer_regs, p.producer_regs) == (PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH)
+    assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= 65536
+    assert any(r.startswith("Q a tile ahead (q_prefetch, forced)") for r in p.reasons)
+    assert plan_v3(ir, "sm_90", **p.options) == p
+    assert "by a producer warp" in p.describe()
+    off = plan_v3(ir, "sm_90", q_prefetch=False)
+    assert not off.q_prefetch and "Q a tile ahead: off (forced)" in off.reasons
+
+
+@pytest.mark.parametrize("opts, expected", [
+    ({"persistent": False}, "expected q_prefetch with the persistent grid's TMA stores of O"),
+    ({"persistent": True, "tma_store_o": False}, "expected q_prefetch with the persistent grid's TMA stores of O"),
+    ({**GRID, "kv_descending": True, "score_skip": True}, "expected q_prefetch without score_skip"),
+    ({"q_prefetch": 1}, "expected q_prefetch a bool, got 1"),
+])
+def test_q_prefetch_errors(opts, expected):
+    spec = presets.alibi(presets.alibi_slopes(4), 128) if opts.get("score_skip") else presets.plain(128)
+    with pytest.raises(PlanError, match=expected):
+        plan_v3(build_ir(spec), "sm_90", **{"q_prefetch": True, **opts})
+
+
+def test_q_prefetch_needs_one_tile_width():
+    spec = ac.AttentionSpec(head_dim=128, head_dim_v=64)
+    with pytest.raises(PlanError, match="Q and O tiles of one width.*D padded to 128 and DV to 64"):
+        plan_v3(build_ir(spec), "sm_90", q_prefetch=True, **GRID)
+
+
+def test_q_prefetch_turns_off_the_default_score_skip():
+    spec = presets.alibi(presets.alibi_slopes(4), 128)
+    p = plan_v3(build_ir(spec), "sm_90", q_prefetch=True, kv_descending=True, **GRID)
+    assert p.q_prefetch and not p.score_skip
+    assert any("score skip: off (q_prefetch" in r for r in p.reasons)
+
+
+def test_render_q_prefetch():
+    src = _render(presets.plain(128), q_prefetch=True).source
+    assert "static constexpr bool Q_PREFETCH = true;" in src
+    assert "static constexpr int PRODUCER_REGS = 32;" in src
+    assert "static constexpr bool Q_PREFETCH = false;" in _render(presets.plain(128)).source
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_nvcc_q_prefetch(head_dim):
+    """Plain, softcap, causal, sliding window and dropout compile for sm_90a with the producer warp's TMA stores
+    and Q copies, without serialized wgmmas; no spills but the sliding window's at d = 64 (a few, in the producer's
+    K/V loop: known, the option is off by default)."""
+    specs = {"plain": presets.plain(head_dim), "softcap": presets.softcap(30.0, head_dim),
+             "causal": presets.causal(head_dim), "sliding_window": presets.sliding_window(1024, head_dim),
+             "dropout": ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")}
+    jobs = {name: _render(spec, q_prefetch=True, **GRID).source for name, spec in specs.items()}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        ptx = dict(zip(jobs, pool.map(ptx_sm90a, jobs.values())))
+        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    for name, rep in reps.items():
+        assert TMA_STORE_PTX in ptx[name], name
+        assert "cp.async.bulk.wait_group.read 0" in ptx[name] and "cp.async.bulk.wait_group 0" in ptx[name], name
+        assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
+        if not (name == "sliding_window" and head_dim == 64):
+            assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
+GPU_PRESETS = ("plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap")
+
+
+def _spec(name: str, head_dim: int, dtype: str = "bf16", seqlen: int = 1023, heads: int = 12) -> ac.AttentionSpec:
+    if name == "dropout":
+        return ac.AttentionSpec(head_dim=head_dim, dtype=dtype, dropout_p=0.2, name="dropout")
+    if name == "alibi_causal":
+        return presets.alibi(presets.alibi_slopes(heads), head_dim, dtype=dtype, causal=True)
+    return presets.get_preset(name, head_dim=head_dim, dtype=dtype, num_heads=heads, seqlen=seqlen)
+
+
+def _same(kern_a, kern_b, B: int, H: int, N: int, d: int, seed: int, dtype=torch.bfloat16) -> bool:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=g).to(dtype) for _ in range(3))
+    a, b = kern_a(q, k, v, return_lse=True), kern_b(q, k, v, return_lse=True)
+    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("name", GPU_PRESETS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_q_prefetch(name, head_dim):
+    """Several tiles per CTA (4 x 12 x 8 query blocks > the SMs): the error-ratio rule, and O and LSE bit-identical
+    to the O tile's plan without the option (each tile's arithmetic is the same; only the buffers differ)."""
+    from attncompiler.testing import check_kernel
+
+    spec = _spec(name, head_dim)
+    opts = {**GRID, "score_skip": False} if name == "alibi_causal" else GRID
+    kern = ac.compile(spec, "v3", q_prefetch=True, **opts)
+    assert kern.plan.q_prefetch
+    res = check_kernel(kern, 4, 12, 1023)
+    assert res.ok, f"{name} d={head_dim}: {res}"
+    if name != "dropout":  # (dropout: the same mask either way, but check_kernel already covers it)
+        assert _same(kern, ac.compile(spec, "v3", **opts), 4, 12, 1023, head_dim, seed=head_dim), name
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_q_prefetch_shapes():
+    """Fewer tiles than CTAs (one tile each: no Q a tile ahead), exactly two per CTA, an odd count, fp16, GQA with
+    cross lengths, (B, N, H, d) storage, rows past Nq in a tile's second warpgroup, and tiles without keys between
+    tiles with keys (their O is 0, LSE -inf)."""
+    from attncompiler.testing import check_kernel
+
+    plain = ac.compile(presets.plain(128), "v3", q_prefetch=True, **GRID)
+    for B, H, N in ((1, 2, 113), (2, 132, 128), (3, 89, 200), (1, 16, 4096)):
+        res = check_kernel(plain, B, H, N)
+        assert res.ok, f"plain B={B} H={H} N={N}: {res}"
+    res = check_kernel(ac.compile(_spec("sliding_window", 128, "fp16"), "v3", q_prefetch=True, **GRID), 2, 12, 1023)
+    assert res.ok, f"fp16: {res}"
+    causal = ac.compile(presets.causal(128), "v3", q_prefetch=True, **GRID)
+    for hkv, nq, nk in ((1, 517, 1500), (3, 1500, 517)):
+        res = check_kernel(causal, 4, 6, nq, nk, H_kv=hkv)
+        assert res.ok, f"GQA H_kv={hkv} Nq={nq} Nk={nk}: {res}"
+    res = check_kernel(causal, 4, 6, 1023, layout="bnhd")
+    assert res.ok, f"bnhd: {res}"
+
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= 700) & (kv_idx <= q_idx)
+
+    holes = ac.compile(ac.AttentionSpec(head_dim=128, mask_mod=mask), "v3", q_prefetch=True, **GRID)
+    for n in (1023, 4096):
+        res = check_kernel(holes, 4, 8, n)
+        assert res.ok, f"tiles without keys N={n}: {res}"
+    q, k, v = (torch.randn(4, 8, 1023, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o, lse = holes(q, k, v, return_lse=True)
+    assert not torch.isnan(o).any() and (o[:, :, :700] == 0).all() and torch.isinf(lse[:, :, :700]).all()
+    assert _same(holes, ac.compile(ac.AttentionSpec(head_dim=128, mask_mod=mask), "v3", **GRID), 4, 8, 4096, 128, 7)
