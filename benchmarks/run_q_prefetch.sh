@@ -2,8 +2,11 @@
 # Thirty-third session: the persistent grid's Q a tile ahead (plan option q_prefetch) -- GPU tests, then same-call
 # A/B against the default O-tile plan, then a trace of dense 9-block tiles with it.
 export PYTHONPATH=$PWD
-timeout ${TEST_S:-200} python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q -x tests/test_v3_q_prefetch.py \
-  2>&1 | tail -4
+timeout ${TEST_S:-150} python3 -m pytest -m gpu -p no:cacheprovider -o addopts="" -q -x tests/test_v3_q_prefetch.py \
+  > /tmp/qp_tests.log 2>&1
+rc=$?
+tail -4 /tmp/qp_tests.log
+[ $rc -eq 0 ] || { echo "tests rc=$rc: no sweep"; exit $rc; }
 cd benchmarks
 Q=q_prefetch=true
 items=""

@@ -14,7 +14,7 @@ from attncompiler.codegen.schedule import get_schedule
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError
 from attncompiler.plan.targets import get_target
-from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v3, v3_smem_bytes
+from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v3, register_pool, v3_smem_bytes
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 
@@ -42,12 +42,28 @@ def test_plan_q_prefetch():
     assert p.smem_bytes == base.smem_bytes + 16 == v3_smem_bytes(128, p.block_n, 128, 128, p.stages, o_tile=True,
                                                                    q_prefetch=True)
     assert (base.producer_regs, p.producer_regs) == (PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH)
+    assert (base.consumer_regs, p.consumer_regs) == (240, 232)  # the CTA's pool: 168 x 384 = 64512
     assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= 65536
     assert any(r.startswith("Q a tile ahead (q_prefetch, forced)") for r in p.reasons)
     assert plan_v3(ir, "sm_90", **p.options) == p
     assert "by a producer warp" in p.describe()
     off = plan_v3(ir, "sm_90", q_prefetch=False)
     assert not off.q_prefetch and "Q a tile ahead: off (forced)" in off.reasons
+
+
+@pytest.mark.parametrize("spec", [presets.plain(64), presets.plain(128), presets.sliding_window(1024, 128),
+                                  presets.causal(128), presets.softcap(30.0, 128)], ids=lambda s: s.name)
+@pytest.mark.parametrize("opts", [{}, {"q_prefetch": True, **GRID}, {"block_m": 64}, {"block_m": 192},
+                                  {"block_m": 192, "q_prefetch": True, **GRID}], ids=str)
+def test_setmaxnreg_within_the_register_pool(spec, opts):
+    """The producer's and the consumers' setmaxnreg targets fit the registers the CTA holds (more would make the
+    consumers' setmaxnreg.inc wait forever: q_prefetch's first form, producer 32 beside consumers at 240, hung)."""
+    try:
+        p = plan_v3(build_ir(spec), "sm_90", **opts)
+    except PlanError:
+        pytest.skip("no such plan")
+    assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= register_pool(p.num_warps, p.ctas_per_sm)
+    assert p.producer_regs % 8 == 0 and p.consumer_regs % 8 == 0
 
 
 @pytest.mark.parametrize("opts, expected", [

@@ -37,7 +37,7 @@ from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # 
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
 __all__ = [
-    "V3Plan", "plan_v3", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
+    "V3Plan", "plan_v3", "register_pool", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
     "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M",
     "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT", "CTAS_PER_SM_BY_WGS", "v3_smem_limit", "REG_SLACK_MULTI_CTA",
     "PREFERRED_BLOCK_N_SEPARABLE",
@@ -51,8 +51,8 @@ WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer
 CONSUMER_WGS = 2             # two consumers: ping-pong (one softmax under the other's GEMMs)
 PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addresses and counters
 #: with q_prefetch the producer warpgroup's second warp runs the O stores and Q copies: at 24 registers ptxas
-#: spilled in the K/V loop of band masks (sliding window d128: 8 loads, 6 stores); 32 fits every kernel (
-#: 32*128 + 240*256 = 65536)
+#: spilled in the K/V loop of band masks (sliding window d128: 8 loads, 6 stores). The consumers give up what the
+#: producer takes (:func:`register_pool`): 32*128 + 232*256 = 63488 <= 64512 with two consumers.
 PRODUCER_REGS_Q_PREFETCH = 32
 CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
 # block_m = 192 (plan option): three consumer warpgroups taking GEMM turns round robin, as FlashAttention-3
@@ -207,6 +207,15 @@ def v3_smem_bytes(block_m: int, block_n: int, d: int, dv: int, stages: int, eb: 
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     return (SMEM_ALIGN_SLACK + eb * (block_m * dp + stages * block_n * (dp + dvp) + (block_m * dvp if o_tile else 0))
             + MBARRIER_BYTES * n_bars + TILE_WORD_BYTES)
+
+
+def register_pool(num_warps: int, ctas_per_sm: int) -> int:
+    """Registers a CTA holds, which its warpgroups' setmaxnreg targets must not exceed (setmaxnreg.inc waits until
+    the CTA's pool has them): ptxas compiles every thread for 65536 / (threads x CTAs per SM) registers rounded down
+    to a multiple of 8 (__launch_bounds__), and the CTA is given that many per thread. 384 threads: 168 x 384 =
+    64512; 512: 128 x 512 = 65536."""
+    per_thread = 65536 // (32 * num_warps * ctas_per_sm) // 8 * 8
+    return per_thread * 32 * num_warps
 
 
 def v3_smem_limit(target: Target, ctas_per_sm: int) -> int:
@@ -438,6 +447,12 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     qpf, why_qpf = q_prefetch_choice(q_prefetch, o_tile, score_skip_asked=score_skip, d_padded=v3_padded(d, eb),
                                      dv_padded=v3_padded(dv, eb))
     producer_regs = PRODUCER_REGS_Q_PREFETCH if qpf and ctas == 1 else PRODUCER_REGS
+    pool = register_pool(nw, ctas)
+    if producer_regs * 128 + consumer_regs * 128 * nc > pool:  # setmaxnreg.inc would wait forever
+        consumer_regs = (pool - producer_regs * 128) // (128 * nc) // 8 * 8
+        if regs["total"] > consumer_regs:
+            raise PlanError(f"v3: q_prefetch leaves {consumer_regs} registers per consumer thread, got an estimate "
+                            f"of {regs['total']} at BLOCK_N {bn}")
     by_head, why_order = tiles_by_head_choice(ir_or_dims, bool(persistent), bm, bn, tiles_by_head)
     dp, dvp = v3_padded(d, eb), v3_padded(dv, eb)
     half_s = regs.get("half S", 0)
