@@ -197,3 +197,16 @@ def test_gpu_q_prefetch_shapes():
     o, lse = holes(q, k, v, return_lse=True)
     assert not torch.isnan(o).any() and (o[:, :, :700] == 0).all() and torch.isinf(lse[:, :, :700]).all()
     assert _same(holes, ac.compile(ac.AttentionSpec(head_dim=128, mask_mod=mask), "v3", **GRID), 4, 8, 4096, 128, 7)
+
+
+def test_autotuner_tries_q_prefetch():
+    """Where the model's plan has the O tile, the autotuner's candidates include it with the next Q a tile ahead
+    (the same tile and stages); where it has none (causal: one CTA per tile), none with it."""
+    from attncompiler.plan.v3_candidates import candidates_v3
+
+    ir = build_ir(presets.sliding_window(1024, 128))
+    base = plan_v3(ir, "sm_90")
+    ahead = [o for o in candidates_v3(ir, "sm_90") if o["q_prefetch"]]
+    assert len(ahead) == 1 and {k: v for k, v in ahead[0].items() if k != "q_prefetch"} == {
+        k: v for k, v in base.options.items() if k != "q_prefetch"}
+    assert not any(o["q_prefetch"] for o in candidates_v3(build_ir(presets.causal(128)), "sm_90"))

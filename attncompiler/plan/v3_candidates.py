@@ -19,7 +19,8 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     BLOCK_N (multiples of 16 from 64 to 256, at most ``max_steps`` steps of 16 from the model's), K/V
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
     with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, on the
-    persistent grid with the other tile order (``tiles_by_head``), and with a mask its half-block plan
+    persistent grid with the other tile order (``tiles_by_head``) and with the next Q a tile ahead
+    (``q_prefetch``), and with a mask its half-block plan
     (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
@@ -50,6 +51,12 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     if base.persistent:  # the other tile order (plan/v3_grid.py tiles_by_head_choice)
         order = plan_v3(ir_or_dims, target, **{**base.options, "tiles_by_head": not base.tiles_by_head})
         ranked.append(((1, 0, -base.block_n, -base.stages, 0), order.options))
+    if base.tma_store_o and not base.q_prefetch:  # the next Q a tile ahead (plan/v3_grid.py q_prefetch_choice)
+        try:
+            ahead = plan_v3(ir_or_dims, target, **{**base.options, "q_prefetch": True, "score_skip": False})
+            ranked.append(((1, 0, -ahead.block_n, -ahead.stages, 0), ahead.options))
+        except PlanError:
+            pass
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
         try:
             half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,
