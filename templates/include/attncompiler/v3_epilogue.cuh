@@ -208,18 +208,16 @@ __device__ __forceinline__ void v3_epilogue_tma(V3Consumer<Cfg>& st, const AttnP
 #endif
 }
 
-// Cfg::Q_PREFETCH: the warpgroup stages O / l in its 64 rows of the buffer that held the tile's Q (sBuf: its own S
-// GEMMs are done; the fence orders their async-proxy reads before these writes), makes the writes visible to the
-// async proxy and arrives on the tile's o_staged mbarrier (release); producer warp 1 waits on it and issues the TMA
-// stores (v3_fwd), so no consumer thread waits for a store.
+// Cfg::Q_PREFETCH: the warpgroup stages O / l (inv: 1/l of this thread's rows, taken with the LSE by v3_row_finish
+// while the tile's last P V ran) in its 64 rows of the buffer that held the tile's Q (sBuf: its own S GEMMs are
+// done; the fence orders their async-proxy reads before these writes), makes the writes visible to the async proxy
+// and arrives on the tile's o_staged mbarrier (release); producer warp 1 waits on it and issues the TMA stores
+// (v3_fwd), so no consumer thread waits for a store.
 template <class Cfg>
-__device__ __forceinline__ void v3_epilogue_handoff(V3Consumer<Cfg>& st, const AttnParams& p, const AttnBuffers& buf,
-                                                    unsigned int sBuf, unsigned int o_staged, int wg, int row0, int b,
-                                                    int h, int bh, int trace_tile) {
+__device__ __forceinline__ void v3_epilogue_handoff(V3Consumer<Cfg>& st, const float (&inv)[2], unsigned int sBuf,
+                                                    unsigned int o_staged, int wg, int trace_tile) {
   using L = V3Layout<Cfg>;
   static_assert(Cfg::Q_PREFETCH && L::kOBytes == L::kQBytes, "the Q tile's buffer holds the O tile");
-  float inv[2];
-  v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
   AC_TRACE(trace_tile, kTraceEpiScale, threadIdx.x == 128);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   v3_stage_o<Cfg>(st, sBuf + wg * 64 * 128, inv);

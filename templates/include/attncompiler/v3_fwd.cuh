@@ -481,6 +481,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #endif
     int j = j_first;
     bool skipped = false;  // kWgWalk: some block before this warpgroup's run
+    [[maybe_unused]] float inv[2];  // Q_PREFETCH: 1/l of this thread's rows, taken (with the LSE) while the last P V runs
     if constexpr (kWgWalk) {  // blocks before this warpgroup's run
       while (walk.valid(j) && !in_wg(j)) {
         skip_block();
@@ -597,6 +598,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
       wgmma_commit();
       turn_grant();
+      // (the row statistics are final after the last softmax; the P V in flight reads P and writes O only)
+      if constexpr (kQPrefetch) v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
       wgmma_wait<0>();
       reg_fence(st.acc_o);
       reg_fence(st.p_frag);
@@ -604,6 +607,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);
+      if constexpr (kQPrefetch) v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
       // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
       // and the last P V are one turn each), so it takes the last one empty.
       if (kWgWalk && skipped) {
@@ -625,7 +629,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #endif
     {
       if constexpr (kQPrefetch) {
-        v3_epilogue_handoff<Cfg>(st, p, buf, sQt, o_staged(it), wg, row0, b, h, bh, AC_TRACE_TILE(tile));
+        v3_epilogue_handoff<Cfg>(st, inv, sQt, o_staged(it), wg, AC_TRACE_TILE(tile));
       } else if constexpr (Cfg::TMA_STORE_O) {
         v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
       } else {
