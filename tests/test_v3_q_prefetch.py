@@ -4,7 +4,6 @@ its results: the error-ratio rule, and O and LSE bit-identical to the same plan 
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -15,10 +14,9 @@ from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError
 from attncompiler.plan.targets import get_target
 from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v3, register_pool, v3_smem_bytes
-from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 
-from _nvcc import ptx_sm90a
+from _nvcc import ptx_and_reports
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 GRID = {"persistent": True, "tma_store_o": True}
@@ -71,6 +69,7 @@ def test_setmaxnreg_within_the_register_pool(spec, opts):
     ({"persistent": True, "tma_store_o": False}, "expected q_prefetch with the persistent grid's TMA stores of O"),
     ({**GRID, "kv_descending": True, "score_skip": True}, "expected q_prefetch without score_skip"),
     ({"q_prefetch": 1}, "expected q_prefetch a bool, got 1"),
+    ({**GRID, "block_m": 64}, "expected q_prefetch with one CTA per SM .* got 2 CTAs per SM"),
 ])
 def test_q_prefetch_errors(opts, expected):
     spec = presets.alibi(presets.alibi_slopes(4), 128) if opts.get("score_skip") else presets.plain(128)
@@ -109,9 +108,7 @@ def test_nvcc_q_prefetch(head_dim):
              "causal": presets.causal(head_dim), "sliding_window": presets.sliding_window(1024, head_dim),
              "dropout": ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")}
     jobs = {name: _render(spec, q_prefetch=True, **GRID).source for name, spec in specs.items()}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        ptx = dict(zip(jobs, pool.map(ptx_sm90a, jobs.values())))
-        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    ptx, reps = ptx_and_reports(jobs)
     for name, rep in reps.items():
         assert TMA_STORE_PTX in ptx[name], name
         assert "cp.async.bulk.wait_group.read 0" in ptx[name] and "cp.async.bulk.wait_group 0" in ptx[name], name

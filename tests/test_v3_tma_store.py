@@ -3,7 +3,6 @@ the rendered kernel, its machine code (nvcc), the o map, the output fallback, an
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -14,11 +13,10 @@ from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError
 from attncompiler.plan.targets import get_target
 from attncompiler.plan.v3 import plan_v3, v3_smem_bytes
-from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.runtime.launch import InputError
 from attncompiler.spec import presets
 
-from _nvcc import ptx_sm90a  # shared with the other v3 nvcc tests
+from _nvcc import ptx_and_reports, ptx_sm90a  # shared with the other v3 nvcc tests
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 
@@ -177,9 +175,7 @@ def test_nvcc_tma_store_o(head_dim):
              "sliding_window": presets.sliding_window(256, head_dim),
              "dropout": ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")}
     jobs = {name: _render(spec, persistent=True, tma_store_o=True).source for name, spec in specs.items()}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        ptx = dict(zip(jobs, pool.map(ptx_sm90a, jobs.values())))
-        reps = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    ptx, reps = ptx_and_reports(jobs)
     for name, rep in reps.items():
         assert TMA_STORE_PTX in ptx[name], name
         assert "cp.async.bulk.wait_group.read 0" in ptx[name] and "cp.async.bulk.wait_group 0" in ptx[name], name

@@ -445,7 +445,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                                              f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
     bn, smem, regs, st = chosen
     qpf, why_qpf = q_prefetch_choice(q_prefetch, o_tile, score_skip_asked=score_skip, d_padded=v3_padded(d, eb),
-                                     dv_padded=v3_padded(dv, eb))
+                                     dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas)
     producer_regs = PRODUCER_REGS_Q_PREFETCH if qpf and ctas == 1 else PRODUCER_REGS
     pool = register_pool(nw, ctas)
     if producer_regs * 128 + consumer_regs * 128 * nc > pool:  # setmaxnreg.inc would wait forever

@@ -85,7 +85,7 @@ def tiles_by_head_choice(ir_or_dims: Any, persistent: bool, block_m: int, block_
 
 
 def q_prefetch_choice(q_prefetch: bool | None, o_tile: bool, *, score_skip_asked: bool | None, d_padded: int,
-                      dv_padded: int) -> tuple[bool, str | None]:
+                      dv_padded: int, ctas_per_sm: int = 1) -> tuple[bool, str | None]:
     """Whether the persistent grid's tiles take their Q a tile ahead (``q_prefetch``), and the reason line (None
     when off by default). With it the Q tile and the O tile take turns: tile number i of a CTA has its Q in buffer
     i mod 2, its consumers stage O there once their S GEMMs are done, and a producer warp writes it by TMA stores and
@@ -101,6 +101,9 @@ def q_prefetch_choice(q_prefetch: bool | None, o_tile: bool, *, score_skip_asked
     if not o_tile:
         raise PlanError("v3: expected q_prefetch with the persistent grid's TMA stores of O (persistent=True, "
                         "tma_store_o=True), got a plan without the O tile")
+    if ctas_per_sm > 1:
+        raise PlanError(f"v3: expected q_prefetch with one CTA per SM (two or three consumer warpgroups: the kernels "
+                        f"the GPU tests ran), got {ctas_per_sm} CTAs per SM (block_m=64)")
     if score_skip_asked:
         raise PlanError("v3: expected q_prefetch without score_skip (the skip's tile word travels with the Q copy), "
                         "got score_skip=True")

@@ -1,12 +1,13 @@
 // attncompiler/v3_epilogue.cuh -- a v3 forward consumer warpgroup's own rows of the Q tile on the way in
 // (v3_scale_q: Q pre-scaled for a score_mod G(c * s), Cfg::Q_PRESCALE) and of O on the way out (v3_epilogue:
 // O / l and the LSE, staged through the Q tile's shared memory; v3_epilogue_tma: the persistent grid's,
-// staged in an O tile of its own and written by TMA stores, Cfg::TMA_STORE_O), and the named barriers they
-// share with the ping-pong. v3_fwd.cuh drives them and documents the shared-memory layout.
+// staged in an O tile of its own and written by TMA stores, Cfg::TMA_STORE_O; with Cfg::Q_PREFETCH staged in the
+// buffer of the tile's Q, v3_epilogue_handoff, and written by producer warp 1, v3_store_warp), and the named barriers
+// they share with the ping-pong. v3_fwd.cuh drives them and documents the shared-memory layout.
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; v3_consumer.cuh
 // (V3Layout, V3Consumer), v3_sm90.cuh (named_bar_sync; it includes bulk_copy.cuh: the TMA stores and bulk
-// groups), v3_trace.cuh (AC_TRACE).
+// groups), v3_trace.cuh (AC_TRACE); v3_rows.cuh (v3_tile, V3Rows).
 #pragma once
 
 namespace ac {
@@ -206,6 +207,56 @@ __device__ __forceinline__ void v3_epilogue_tma(V3Consumer<Cfg>& st, const AttnP
     bulk_commit();
   }
 #endif
+}
+
+// Cfg::Q_PREFETCH, producer warp 1 (one thread): the O stores and the Q copies from the CTA's second tile on. Tile
+// number it has its Q in buffer it & 1 (sQ or sOt), landed on barQ or barQ1; its consumers stage O there and arrive on
+// oStaged0 + 8 (it & 1); this thread then stores each warpgroup's 64 rows (those below Nq; the copy engine drops rows
+// past the tensor) and, once the stores have read the buffer, loads the Q of tile number it + 2 into it. One barrier
+// per buffer: a consumer can be at most one arrival ahead on either, since tile it + 2 needs its Q from here.
+template <class Cfg, bool kPersistent, bool kTileByHead, class Maps>
+__device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& maps, unsigned int sQ, unsigned int sOt,
+                                              unsigned int barQ, unsigned int barQ1, unsigned int oStaged0, int tile0,
+                                              int tile_step, int num_tiles, int num_qb) {
+  using L = V3Layout<Cfg>;
+  constexpr int BM = L::BM, NC = L::NC;
+  auto buf_of = [&](int it) -> unsigned int { return (it & 1) ? sOt : sQ; };
+  auto bar_of = [&](int it) -> unsigned int { return (it & 1) ? barQ1 : barQ; };
+  auto load_q_into = [&](int it, int tile) {
+    int q_block, bh;
+    v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+    const int b = bh / p.H, h = bh % p.H;
+    const V3Rows<Cfg> rows(p, b);
+    mbar_arrive_expect_tx(bar_of(it), L::kQBytes);
+#pragma unroll
+    for (int c = 0; c < L::DB; ++c)
+      tma_load_4d(buf_of(it) + c * BM * 128, &maps.q, c * 64, rows.q_start + q_block * BM, h, rows.batch, bar_of(it));
+  };
+  if (tile0 + tile_step < num_tiles) load_q_into(1, tile0 + tile_step);
+  int it = 0;
+  for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
+    int q_block, bh;
+    v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+    const int b = bh / p.H, h = bh % p.H;
+    mbar_wait(oStaged0 + 8u * (it & 1), (it >> 1) & 1);  // every consumer thread staged its rows of O / l
+#ifndef AC_V3_NO_O_STORE
+#pragma unroll
+    for (int w = 0; w < NC; ++w) {
+      const int wq_lo = q_block * BM + 64 * w;
+      if (wq_lo < p.Nq) {
+#pragma unroll
+        for (int c = 0; c < L::DVB; ++c)
+          bulk_tensor_s2g_4d(&maps.o, c * 64, wq_lo, h, b, buf_of(it) + c * BM * 128 + w * 64 * 128);
+      }
+    }
+    bulk_commit();
+#endif
+    if (tile + 2 * tile_step < num_tiles) {
+      bulk_wait_read_all();  // the stores have read the buffer
+      load_q_into(it, tile + 2 * tile_step);
+    }
+  }
+  bulk_wait_all();
 }
 
 // Cfg::Q_PREFETCH: the warpgroup stages O / l (inv: 1/l of this thread's rows, taken with the LSE by v3_row_finish

@@ -34,7 +34,8 @@
 //   boxes) | (a head dim that is not a multiple of 64 leaves its last box's upper columns zero-filled)
 //   | TMA_STORE_O (persistent only): the O tile, ceil(DV/64) boxes of BLOCK_M rows, each consumer warpgroup's
 //   64 rows staged by it for its TMA stores (v3_epilogue_tma) |
-//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free | the tile word.
+//   mbarriers: Q, fullK[STAGES], fullV[STAGES], emptyK[STAGES], emptyV[STAGES], Q free (Q_PREFETCH: the Q of buffer 1
+//   landed) [, Q_PREFETCH: O staged in buffer 0, in buffer 1] | the tile word.
 // wgmma operands: Q and K are K-major (the head dim is contiguous; descriptor SBO = 1024 between
 // 8-row groups, a k16 step advances the start address 32 bytes inside the 128-byte row); V is
 // MN-major for O += P V (transposed B: LBO = BLOCK_N*128 between 64-column boxes, SBO = 1024
@@ -48,7 +49,9 @@
 // order), SCORE_SKIP (skip the K/V blocks whose every P underflows: v3_skip_begin) and Q_PRESCALE
 // (scale the Q tile by the score_mod's inner scale once per tile: v3_scale_q), VARLEN (packed sequences:
 // TMA rows offset by the sequence's first row, V3Rows), TMA_STORE_O (the persistent grid's epilogue
-// writes O by TMA stores from an O tile of its own: v3_epilogue_tma), SOFTMAX_COPIES (1 or 2: V3Consumer::
+// writes O by TMA stores from an O tile of its own: v3_epilogue_tma; with Q_PREFETCH the Q tile and the O tile take
+// turns, tile number i of the CTA having its Q, then its staged O, in buffer i mod 2, and producer warp 1 stores O and
+// loads the Q of tile i + 2 there: v3_store_warp, v3_epilogue_handoff), SOFTMAX_COPIES (1 or 2: V3Consumer::
 // kTwoSoftmaxCopies) and HALF_BLOCKS (a block whose low or high half is EMPTY for a warpgroup's rows takes its
 // GEMMs over the other half: part_of, v3_by_part, V3Consumer::issue_qk_part / issue_pv_part).
 #pragma once
@@ -61,33 +64,6 @@
 #include "attncompiler/v3_epilogue.cuh"
 
 namespace ac {
-
-// Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
-// for causal the last, query blocks first; blockIdx.x runs over the query blocks of one batch*head, so the
-// CTAs resident together share their K/V in L2). Persistent: CTA c takes tiles c, c + gridDim.x, ...
-// (a static round robin), in one of two orders:
-//   kByHead (Cfg::TILES_BY_HEAD, balanced tiles: no mask, or a band such as a sliding window; plan/v3_grid.py):
-//     the query blocks of one batch*head consecutive, as the non-persistent grid. Measured on an H100 (2026-11-27, v3_sweep.py, TFLOP/s,
-//     d = 128 unless noted, query-major -> head-major, non-persistent beside): N = 512 280 -> 462 (430),
-//     N = 1024 324 -> 527 (540), N = 16k 601 -> 667 (670), d = 64 N = 1024 335 -> 371 (355). Query-major
-//     runs one query block of ~132 different batch*heads at a time, so with many short sequences each
-//     K/V is streamed from HBM once per query block.
-//   otherwise (masks whose tiles differ in length: causal): all heads' heaviest query blocks first, the static
-//     round robin's balance (causal N = 16k: 502 query-major, 418 head-major).
-template <bool kPersistent, bool kByHead>
-__device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& p, int& q_block, int& bh) {
-  if constexpr (kPersistent && kByHead) {
-    q_block = num_qb - 1 - tile % num_qb;
-    bh = tile / num_qb;
-  } else if constexpr (kPersistent) {
-    const int nbh = p.B * p.H;
-    q_block = num_qb - 1 - tile / nbh;
-    bh = tile % nbh;
-  } else {
-    q_block = gridDim.x - 1 - blockIdx.x;
-    bh = blockIdx.y;
-  }
-}
 
 // K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/scoreskip.py; score_skip.cuh has the
 // argument). Here the offset is the lazy one (kRescaleSlack), and with slope > 0 the descending walk
@@ -302,45 +278,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
     }
     if constexpr (kQPrefetch) {
-      // Q_PREFETCH, warp 1: the O stores, and the Q copies from the CTA's second tile on. Tile number it + 2 takes
-      // the buffer (and barrier) of tile number it once the stores of its O have read it.
-      if (warp == 1 && lane == 0) {
-        auto load_q_into = [&](int it, int tile) {
-          int q_block, bh;
-          v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
-          const int b = bh / p.H, h = bh % p.H;
-          const V3Rows<Cfg> rows(p, b);
-          mbar_arrive_expect_tx(q_bar(it), L::kQBytes);
-#pragma unroll
-          for (int c = 0; c < L::DB; ++c)
-            tma_load_4d(q_buf(it) + c * BM * 128, &maps.q, c * 64, rows.q_start + q_block * BM, h, rows.batch, q_bar(it));
-        };
-        if (tile0 + tile_step < num_tiles) load_q_into(1, tile0 + tile_step);
-        int it = 0;
-        for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
-          int q_block, bh;
-          v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
-          const int b = bh / p.H, h = bh % p.H;
-          mbar_wait(o_staged(it), (it >> 1) & 1);  // every consumer thread staged its rows of O / l
-#ifndef AC_V3_NO_O_STORE
-#pragma unroll
-          for (int w = 0; w < NC; ++w) {
-            const int wq_lo = q_block * BM + 64 * w;
-            if (wq_lo < p.Nq) {
-#pragma unroll
-              for (int c = 0; c < L::DVB; ++c)
-                bulk_tensor_s2g_4d(&maps.o, c * 64, wq_lo, h, b, q_buf(it) + c * BM * 128 + w * 64 * 128);
-            }
-          }
-          bulk_commit();
-#endif
-          if (tile + 2 * tile_step < num_tiles) {
-            bulk_wait_read_all();  // the stores have read the buffer
-            load_q_into(it, tile + 2 * tile_step);
-          }
-        }
-        bulk_wait_all();
-      }
+      if (warp == 1 && lane == 0)
+        v3_store_warp<Cfg, kPersistent, kTileByHead>(p, maps, sQ, sOt, barQ, barQfree, o_staged(0), tile0, tile_step,
+                                                     num_tiles, num_qb);
     }
     return;
   }

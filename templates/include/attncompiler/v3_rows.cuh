@@ -1,6 +1,7 @@
-// attncompiler/v3_rows.cuh -- the TMA row coordinates of the v3 kernels (forward and backward), padded or packed.
+// attncompiler/v3_rows.cuh -- the TMA row coordinates of the v3 kernels (forward and backward), padded or packed,
+// and the forward's work tiles (v3_tile).
 //
-// Requires (from the prelude): struct AttnParams (cu_seqlens_q / cu_seqlens_k), and Cfg::VARLEN.
+// Requires (from the prelude): struct AttnParams (cu_seqlens_q / cu_seqlens_k, B, H), and Cfg::VARLEN.
 #pragma once
 
 namespace ac {
@@ -22,5 +23,32 @@ struct V3Rows {
     }
   }
 };
+
+// Work tile -> (query block, batch*head). Non-persistent: one tile per CTA from blockIdx (heaviest,
+// for causal the last, query blocks first; blockIdx.x runs over the query blocks of one batch*head, so the
+// CTAs resident together share their K/V in L2). Persistent: CTA c takes tiles c, c + gridDim.x, ...
+// (a static round robin), in one of two orders:
+//   kByHead (Cfg::TILES_BY_HEAD, balanced tiles: no mask, or a band such as a sliding window; plan/v3_grid.py):
+//     the query blocks of one batch*head consecutive, as the non-persistent grid. Measured on an H100 (2026-11-27, v3_sweep.py, TFLOP/s,
+//     d = 128 unless noted, query-major -> head-major, non-persistent beside): N = 512 280 -> 462 (430),
+//     N = 1024 324 -> 527 (540), N = 16k 601 -> 667 (670), d = 64 N = 1024 335 -> 371 (355). Query-major
+//     runs one query block of ~132 different batch*heads at a time, so with many short sequences each
+//     K/V is streamed from HBM once per query block.
+//   otherwise (masks whose tiles differ in length: causal): all heads' heaviest query blocks first, the static
+//     round robin's balance (causal N = 16k: 502 query-major, 418 head-major).
+template <bool kPersistent, bool kByHead>
+__device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& p, int& q_block, int& bh) {
+  if constexpr (kPersistent && kByHead) {
+    q_block = num_qb - 1 - tile % num_qb;
+    bh = tile / num_qb;
+  } else if constexpr (kPersistent) {
+    const int nbh = p.B * p.H;
+    q_block = num_qb - 1 - tile / nbh;
+    bh = tile % nbh;
+  } else {
+    q_block = gridDim.x - 1 - blockIdx.x;
+    bh = blockIdx.y;
+  }
+}
 
 }  // namespace ac
