@@ -3,6 +3,7 @@ warp stores O and loads the next Q. The plan and its errors, the rendered kernel
 its results: the error-ratio rule, and O and LSE bit-identical to the same plan without it."""
 from __future__ import annotations
 
+import functools
 import shutil
 
 import pytest
@@ -17,6 +18,7 @@ from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports
+from _v3gpu import GPU_PRESETS, needs_hopper, v3_gpu_spec
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 GRID = {"persistent": True, "tma_store_o": True}
@@ -120,20 +122,7 @@ def test_nvcc_q_prefetch(head_dim):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-needs_hopper = pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
-GPU_PRESETS = ("plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap")
-
-
-def _spec(name: str, head_dim: int, dtype: str = "bf16", seqlen: int = 1023, heads: int = 12) -> ac.AttentionSpec:
-    if name == "dropout":
-        return ac.AttentionSpec(head_dim=head_dim, dtype=dtype, dropout_p=0.2, name="dropout")
-    if name == "alibi_causal":
-        return presets.alibi(presets.alibi_slopes(heads), head_dim, dtype=dtype, causal=True)
-    return presets.get_preset(name, head_dim=head_dim, dtype=dtype, num_heads=heads, seqlen=seqlen)
+_spec = functools.partial(v3_gpu_spec, seqlen=1023, heads=12)
 
 
 def _same(kern_a, kern_b, B: int, H: int, N: int, d: int, seed: int, dtype=torch.bfloat16) -> bool:

@@ -17,6 +17,7 @@ from attncompiler.runtime.launch import InputError
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports, ptx_sm90a  # shared with the other v3 nvcc tests
+from _v3gpu import GPU_PRESETS, needs_hopper, v3_gpu_spec
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 
@@ -187,20 +188,7 @@ def test_nvcc_tma_store_o(head_dim):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-needs_hopper = pytest.mark.skipif(not _hopper(), reason="v3 needs an sm_90 GPU")
-GPU_PRESETS = ("plain", "causal", "sliding_window", "document", "dropout", "alibi_causal", "softcap")
-
-
-def _spec(name: str, head_dim: int, dtype: str = "bf16", seqlen: int = 1024, heads: int = 3) -> ac.AttentionSpec:
-    if name == "dropout":
-        return ac.AttentionSpec(head_dim=head_dim, dtype=dtype, dropout_p=0.2, name="dropout")
-    if name == "alibi_causal":
-        return presets.alibi(presets.alibi_slopes(heads), head_dim, dtype=dtype, causal=True)
-    return presets.get_preset(name, head_dim=head_dim, dtype=dtype, num_heads=heads, seqlen=seqlen)
+_spec = v3_gpu_spec
 
 
 @pytest.mark.gpu
