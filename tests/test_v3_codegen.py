@@ -21,6 +21,7 @@ from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
 
 from _nvcc import ptx_sm90a  # shared with the other v3 nvcc tests
+from _v3 import render_v3
 
 ROOT = Path(__file__).parent.parent
 PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document", "relative_bias")
@@ -37,11 +38,7 @@ def _specs(head_dim: int, dtype: str = "bf16") -> dict[str, ac.AttentionSpec]:
     return out
 
 
-def _render(spec: ac.AttentionSpec, **opts):
-    tgt = get_target("sm_90")
-    ir = build_ir(spec)
-    sched = get_schedule("v3")
-    return sched.render(ir, sched.make_plan(ir, tgt, **opts), tgt)
+_render = render_v3
 
 
 @pytest.mark.parametrize("d,block_n,stages", [(64, 192, 4), (128, 128, 3), (192, 112, 2), (256, 80, 2)])

@@ -10,25 +10,19 @@ import pytest
 import torch
 
 import attncompiler as ac
-from attncompiler.codegen.schedule import get_schedule
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError
-from attncompiler.plan.targets import get_target
 from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v3, register_pool, v3_smem_bytes
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports
-from _v3gpu import GPU_PRESETS, needs_hopper, v3_gpu_spec
+from _v3 import GPU_PRESETS, needs_hopper, render_v3, v3_gpu_spec
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 GRID = {"persistent": True, "tma_store_o": True}
 
 
-def _render(spec: ac.AttentionSpec, **opts):
-    tgt = get_target("sm_90")
-    ir = build_ir(spec)
-    sched = get_schedule("v3")
-    return sched.render(ir, sched.make_plan(ir, tgt, **opts), tgt)
+_render = render_v3
 
 
 def test_plan_q_prefetch():

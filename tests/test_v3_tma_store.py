@@ -17,16 +17,12 @@ from attncompiler.runtime.launch import InputError
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports, ptx_sm90a  # shared with the other v3 nvcc tests
-from _v3gpu import GPU_PRESETS, needs_hopper, v3_gpu_spec
+from _v3 import GPU_PRESETS, needs_hopper, render_v3, v3_gpu_spec
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 
 
-def _render(spec: ac.AttentionSpec, **opts):
-    tgt = get_target("sm_90")
-    ir = build_ir(spec)
-    sched = get_schedule("v3")
-    return sched.render(ir, sched.make_plan(ir, tgt, **opts), tgt)
+_render = render_v3
 
 
 def test_plan_tma_store_o():

@@ -1,11 +1,22 @@
-"""Shared by the v3 GPU tests: the Hopper check and the presets they run."""
+"""Shared by the v3 tests: the sm_90 render, the Hopper check and the presets the GPU tests run."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import attncompiler as ac
+from attncompiler.codegen.schedule import get_schedule
+from attncompiler.ir.build import build_ir
+from attncompiler.plan.targets import get_target
 from attncompiler.spec import presets
+
+
+def render_v3(spec: ac.AttentionSpec, **opts):
+    """The v3 forward's KernelSource for ``spec`` on sm_90 with plan options ``opts``."""
+    tgt = get_target("sm_90")
+    ir = build_ir(spec)
+    sched = get_schedule("v3")
+    return sched.render(ir, sched.make_plan(ir, tgt, **opts), tgt)
 
 
 def hopper() -> bool:
