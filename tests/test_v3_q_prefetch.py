@@ -37,7 +37,8 @@ def test_plan_q_prefetch():
                                                                    q_prefetch=True)
     assert (base.producer_regs, p.producer_regs) == (PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH)
     assert (base.consumer_regs, p.consumer_regs) == (240, 232)  # the CTA's pool: 168 x 384 = 64512
-    assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= 65536
+    assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= register_pool(12, 1) == 64512
+    assert any("32*128 + 232*256 <= 64512, the CTA's registers" in r for r in p.reasons)
     assert any(r.startswith("Q a tile ahead (q_prefetch, forced)") for r in p.reasons)
     assert plan_v3(ir, "sm_90", **p.options) == p
     assert "by a producer warp" in p.describe()

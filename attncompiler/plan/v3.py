@@ -37,8 +37,8 @@ from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # 
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
 __all__ = [
-    "V3Plan", "plan_v3", "register_pool", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS", "PRODUCER_REGS",
-    "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M",
+    "V3Plan", "plan_v3", "register_pool", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS",
+    "PRODUCER_REGS", "PRODUCER_REGS_Q_PREFETCH", "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M",
     "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT", "CTAS_PER_SM_BY_WGS", "v3_smem_limit", "REG_SLACK_MULTI_CTA",
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
@@ -413,17 +413,18 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                 rejected.append(f"BLOCK_N={bn}: O {regs['o']} + S {regs['s']}{half} + {REG_SLACK_MULTI_CTA} registers "
                                 f"per thread > {reg_cap} ({ctas} CTAs of {32 * nw} threads per SM)")
                 continue
-            fits = [st for st in stage_choices if v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile) <= limit]
+            def smem_at(st: int, bn: int = bn) -> int:
+                return v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile)
+
+            fits = [st for st in stage_choices if smem_at(st) <= limit]
             if not fits:
                 st = stage_choices[-1]
-                rejected.append(f"BLOCK_N={bn}: smem {v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile)} B with {st} "
-                                f"stage(s) > {limit} B {per_block}")
+                rejected.append(f"BLOCK_N={bn}: smem {smem_at(st)} B with {st} stage(s) > {limit} B {per_block}")
                 continue
             st = fits[0]
             if stages is None and st < MAX_STAGES:
-                more = v3_smem_bytes(bm, bn, d, dv, st + 1, eb, o_tile, qpf and o_tile)
-                rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {more} B > {limit} B {per_block}")
-            return (bn, v3_smem_bytes(bm, bn, d, dv, st, eb, o_tile, qpf and o_tile), regs, st), rejected
+                rejected.append(f"STAGES={st + 1} at BLOCK_N={bn}: smem {smem_at(st + 1)} B > {limit} B {per_block}")
+            return (bn, smem_at(st), regs, st), rejected
         return None, rejected
 
     chosen, rejected = search(o_tile)
@@ -460,7 +461,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     reg_line = (
         f"registers per consumer thread ~ O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']} + P BLOCK_N/4 = "
         f"{regs['p']}{half_txt} + overhead {regs['overhead']} = {regs['total']} <= setmaxnreg {consumer_regs} "
-        f"({producer_regs}*128 + {consumer_regs}*{128 * nc} <= 65536)" if ctas == 1 else
+        f"({producer_regs}*128 + {consumer_regs}*{128 * nc} <= {pool}, the CTA's registers)" if ctas == 1 else
         f"registers per thread: O DV/2 = {regs['o']} + S BLOCK_N/2 = {regs['s']}{half_txt} + slack {REG_SLACK_MULTI_CTA} "
         f"<= {reg_cap}, what ptxas gives each of {ctas} CTAs x {32 * nw} threads per SM (P reuses S's registers)")
     reasons = [

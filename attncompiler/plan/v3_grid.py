@@ -91,7 +91,9 @@ def q_prefetch_choice(q_prefetch: bool | None, o_tile: bool, *, score_skip_asked
     i mod 2, its consumers stage O there once their S GEMMs are done, and a producer warp writes it by TMA stores and
     then loads the Q of tile i + 2 into it (``templates/include/attncompiler/v3_fwd.cuh`` ``Q_PREFETCH``). So no
     tile waits for its Q and no consumer thread for a store. Needs the O tile (``tma_store_o``), Q and O tiles of one
-    size, and no score skip (whose tile word travels with the Q copy). Off unless asked (not yet measured)."""
+    size, no score skip (whose tile word travels with the Q copy) and one CTA per SM. Off unless asked: on an H200
+    (2026-11-29) it measured +1.4-1.9 % where tiles are short (sliding windows, 9 key blocks per tile), inside their
+    spread between rounds, and nothing on long tiles (docs/perf-notes.md, thirty-third session)."""
     from .model import PlanError
 
     if q_prefetch is not None and not isinstance(q_prefetch, bool):
