@@ -209,19 +209,30 @@ __device__ __forceinline__ void v3_epilogue_tma(V3Consumer<Cfg>& st, const AttnP
 #endif
 }
 
+// Cfg::Q_PREFETCH: where the CTA's tile number it has its Q (and then its staged O): buffer it & 1, the Q tile or the
+// O tile, its copy landing on barQ or on barQ1 (in phase (it >> 1) & 1), its staging announced on oStaged0 + 8 (it & 1).
+// Without the option: the Q tile and barQ, phase it & 1. Shared by the consumers and v3_store_warp.
+template <bool kQPrefetch>
+struct V3QBuffers {
+  unsigned int sQ, sOt, barQ, barQ1, oStaged0;
+  __device__ __forceinline__ unsigned int buf(int it) const { return (kQPrefetch && (it & 1)) ? sOt : sQ; }
+  __device__ __forceinline__ unsigned int bar(int it) const { return (kQPrefetch && (it & 1)) ? barQ1 : barQ; }
+  __device__ __forceinline__ unsigned int parity(int it) const { return kQPrefetch ? ((it >> 1) & 1) : (it & 1); }
+  __device__ __forceinline__ unsigned int staged(int it) const { return oStaged0 + 8u * (it & 1); }
+};
+
 // Cfg::Q_PREFETCH, producer warp 1 (one thread): the O stores and the Q copies from the CTA's second tile on. Tile
-// number it has its Q in buffer it & 1 (sQ or sOt), landed on barQ or barQ1; its consumers stage O there and arrive on
-// oStaged0 + 8 (it & 1); this thread then stores each warpgroup's 64 rows (those below Nq; the copy engine drops rows
+// number it has its Q in qb.buf(it), landed on qb.bar(it); its consumers stage O there and arrive on qb.staged(it);
+// this thread then stores each warpgroup's 64 rows (those below Nq; the copy engine drops rows
 // past the tensor) and, once the stores have read the buffer, loads the Q of tile number it + 2 into it. One barrier
 // per buffer: a consumer can be at most one arrival ahead on either, since tile it + 2 needs its Q from here.
 template <class Cfg, bool kPersistent, bool kTileByHead, class Maps>
-__device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& maps, unsigned int sQ, unsigned int sOt,
-                                              unsigned int barQ, unsigned int barQ1, unsigned int oStaged0, int tile0,
-                                              int tile_step, int num_tiles, int num_qb) {
+__device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& maps, const V3QBuffers<true>& qb,
+                                              int tile0, int tile_step, int num_tiles, int num_qb) {
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, NC = L::NC;
-  auto buf_of = [&](int it) -> unsigned int { return (it & 1) ? sOt : sQ; };
-  auto bar_of = [&](int it) -> unsigned int { return (it & 1) ? barQ1 : barQ; };
+  auto buf_of = [&](int it) { return qb.buf(it); };
+  auto bar_of = [&](int it) { return qb.bar(it); };
   auto load_q_into = [&](int it, int tile) {
     int q_block, bh;
     v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
@@ -238,7 +249,7 @@ __device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& m
     int q_block, bh;
     v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
     const int b = bh / p.H, h = bh % p.H;
-    mbar_wait(oStaged0 + 8u * (it & 1), (it >> 1) & 1);  // every consumer thread staged its rows of O / l
+    mbar_wait(qb.staged(it), qb.parity(it));  // every consumer thread staged its rows of O / l
 #ifndef AC_V3_NO_O_STORE
 #pragma unroll
     for (int w = 0; w < NC; ++w) {

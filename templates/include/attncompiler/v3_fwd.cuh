@@ -124,12 +124,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const unsigned int sTileWord = bars + 8u * L::kNumBars;
   // Q_PREFETCH: the CTA's tile number it has its Q in buffer it & 1 (0: the Q tile, 1: the O tile), landed on barQ
   // or on barQfree's slot (unused otherwise); its consumers stage O / l in the same buffer and arrive on
-  // o_staged(it), and producer warp 1 writes it by TMA stores, then loads Q of tile number it + 2 there.
+  // qbufs.staged(it), and producer warp 1 writes it by TMA stores, then loads Q of tile number it + 2 there.
   constexpr bool kQPrefetch = Cfg::Q_PREFETCH;
-  auto q_buf = [&](int it) -> unsigned int { return (kQPrefetch && (it & 1)) ? sOt : sQ; };
-  auto q_bar = [&](int it) -> unsigned int { return (kQPrefetch && (it & 1)) ? barQfree : barQ; };
-  auto q_parity = [&](int it) -> unsigned int { return kQPrefetch ? ((it >> 1) & 1) : (it & 1); };
-  auto o_staged = [&](int it) -> unsigned int { return bars + 8u * (2 + 4 * STAGES + (it & 1)); };
+  const V3QBuffers<kQPrefetch> qbufs{sQ, sOt, barQ, barQfree, bars + 8u * (2 + 4 * STAGES)};
   auto full_k = [&](int s) { return bars + 8u * (1 + s); };
   auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
   auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
@@ -155,8 +152,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     mbar_init(barQ, 1);
     mbar_init(barQfree, kQPrefetch ? 1 : NC * 128);  // Q_PREFETCH: Q of buffer 1 landed
     if constexpr (kQPrefetch) {
-      mbar_init(o_staged(0), NC * 128);
-      mbar_init(o_staged(1), NC * 128);
+      mbar_init(qbufs.staged(0), NC * 128);
+      mbar_init(qbufs.staged(1), NC * 128);
     }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -279,8 +276,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     }
     if constexpr (kQPrefetch) {
       if (warp == 1 && lane == 0)
-        v3_store_warp<Cfg, kPersistent, kTileByHead>(p, maps, sQ, sOt, barQ, barQfree, o_staged(0), tile0, tile_step,
-                                                     num_tiles, num_qb);
+        v3_store_warp<Cfg, kPersistent, kTileByHead>(p, maps, qbufs, tile0, tile_step, num_tiles, num_qb);
     }
     return;
   }
@@ -409,8 +405,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
     };
 
-    mbar_wait(q_bar(it), q_parity(it));  // always: the Q copy must land before Q is reused or the CTA exits
-    const unsigned int sQt = q_buf(it);  // this tile's Q
+    mbar_wait(qbufs.bar(it), qbufs.parity(it));  // always: the Q copy must land before Q is reused or the CTA exits
+    const unsigned int sQt = qbufs.buf(it);  // this tile's Q
     if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
       asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
     }
@@ -569,7 +565,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 #endif
     {
       if constexpr (kQPrefetch) {
-        v3_epilogue_handoff<Cfg>(st, inv, sQt, o_staged(it), wg, AC_TRACE_TILE(tile));
+        v3_epilogue_handoff<Cfg>(st, inv, sQt, qbufs.staged(it), wg, AC_TRACE_TILE(tile));
       } else if constexpr (Cfg::TMA_STORE_O) {
         v3_epilogue_tma<Cfg>(st, p, buf, sOt, &maps.o, wg, row0, wq_lo, b, h, bh, AC_TRACE_TILE(tile));
       } else {
