@@ -1,5 +1,6 @@
 """The v3 schedule: FlashAttention-3 style Hopper forward (templates/v3_fwd.cu.j2,
-include/attncompiler/v3_fwd.cuh, v3_consumer.cuh, v3_epilogue.cuh, v3_sm90.cuh; v3_trace.cuh: the phase marks).
+include/attncompiler/v3_fwd.cuh, v3_consumer.cuh, v3_producer.cuh, v3_epilogue.cuh, v3_sm90.cuh; v3_trace.cuh: the
+phase marks).
 
 Besides ``(AttnParams, AttnBuffers)`` the kernel takes a third by-value argument, ``struct V3Maps``:
 the TMA tensor maps of q, k and v (``struct V3MapsO`` with the plan option ``tma_store_o``: and o), built per
@@ -71,6 +72,7 @@ class V3Schedule:
             softmax_copies=plan.softmax_copies,
             half_blocks=plan.half_blocks,
             q_prefetch=plan.q_prefetch,
+            carry_tiles=plan.carry_tiles,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

@@ -1,10 +1,11 @@
 // attncompiler/v3_consumer.cuh -- the v3 forward's shared-memory layout (V3Layout), its TMA maps
 // (V3Maps) and the per-thread state and math of one consumer warpgroup (V3Consumer: the wgmma
-// issues, the softmax with its score_mod and mask hooks, the O rescale, P packing with dropout).
+// issues, the softmax with its score_mod and mask hooks, the O rescale, P packing with dropout), and two helpers of
+// the consumer loop (v3_skip_begin: the score skip's first block; v3_by_part: a half block's GEMM arm).
 // v3_fwd.cuh has the schedule that drives them and documents the layout.
 //
 // Requires (from the prelude and the TU): ac_elem_t, AttnParams, AttnBuffers, Variant; ac::wgmma_qk
-// and ac::wgmma_pv; v3_sm90.cuh, mma.cuh (fast_exp2, ac_exp2_poly), philox.cuh (dropout).
+// and ac::wgmma_pv; v3_sm90.cuh, mma.cuh (fast_exp2, ac_exp2_poly), philox.cuh (dropout), score_skip.cuh.
 #pragma once
 
 namespace ac {
@@ -61,6 +62,20 @@ struct V3Layout {
   static_assert(!Cfg::Q_PREFETCH || (Cfg::TMA_STORE_O && !Cfg::SCORE_SKIP && kOBytes == kQBytes),
                 "Q_PREFETCH: Q tiles alternate between the Q and the O tile (of one size); no tile word");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
+};
+
+// The mbarriers after V3Layout::kBarOffset (8 bytes each): Q landed, full K[STAGES], full V[STAGES], empty K[STAGES],
+// empty V[STAGES], Q free (Cfg::Q_PREFETCH: the Q of buffer 1 landed), then Q_PREFETCH's two "O staged" (extra(0..1)).
+template <int STAGES>
+struct V3Bars {
+  unsigned int base;
+  __device__ __forceinline__ unsigned int q() const { return base; }
+  __device__ __forceinline__ unsigned int full_k(int s) const { return base + 8u * (1 + s); }
+  __device__ __forceinline__ unsigned int full_v(int s) const { return base + 8u * (1 + STAGES + s); }
+  __device__ __forceinline__ unsigned int empty_k(int s) const { return base + 8u * (1 + 2 * STAGES + s); }
+  __device__ __forceinline__ unsigned int empty_v(int s) const { return base + 8u * (1 + 3 * STAGES + s); }
+  __device__ __forceinline__ unsigned int q_free() const { return base + 8u * (1 + 4 * STAGES); }
+  __device__ __forceinline__ unsigned int extra(int i) const { return base + 8u * (2 + 4 * STAGES + i); }
 };
 
 // Per-thread state of one consumer warpgroup.
@@ -459,5 +474,40 @@ struct V3Consumer {
     }
   }
 };
+
+// K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/scoreskip.py; score_skip.cuh has the
+// argument). Here the offset is the lazy one (kRescaleSlack), and with slope > 0 the descending walk
+// visits the reference key's block before every lower one, so a skipped key's exp2 would have been
+// exactly 0 when its block came: O, l and the LSE are bit-identical without it.
+template <class Cfg>
+__device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, const AttnParams& p,
+                                             const AttnBuffers& buf, int j_begin, int j_end) {
+  static_assert(Cfg::SCORE_SKIP && Cfg::KV_DESCENDING, "v3's score skip runs on the descending walk");
+  return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
+}
+
+// HALF_BLOCKS with a mask: `issue_and_wait(part)` (a block's GEMM issue up to the wait for its S) runs in an arm
+// of its own per part, then a half S moves into acc_s. So no merge point has wgmmas of different shapes in flight
+// (merged, ptxas serializes every wgmma: C7515), and the markers keep the arms from being merged again; the half
+// GEMMs write acc_h (into half of acc_s: C7511). Otherwise `issue_and_wait(0)`.
+template <class Cfg, class F>
+__device__ __forceinline__ void v3_by_part(V3Consumer<Cfg>& st, int part, F& issue_and_wait) {
+  if constexpr (Cfg::HALF_BLOCKS && Variant::kHasMask) {
+    if (part == 0) {
+      issue_and_wait(0);
+      asm volatile("// half_blocks: the whole block" ::: "memory");
+    } else if (part == 1) {
+      issue_and_wait(1);
+      st.template take_half<false>();
+      asm volatile("// half_blocks: the low half" ::: "memory");
+    } else {
+      issue_and_wait(2);
+      st.template take_half<true>();
+      asm volatile("// half_blocks: the high half" ::: "memory");
+    }
+  } else {
+    issue_and_wait(0);
+  }
+}
 
 }  // namespace ac

@@ -4,8 +4,8 @@
 // tiles (heaviest first, round robin; the K/V ring and the ping-pong run on across tiles, Q is
 // reloaded once the consumers' S GEMMs of the previous tile are done). A CTA of (1 + NC) warpgroups
 // owns BLOCK_M = 64*NC query rows of one (batch, head) at a time:
-//   * warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
-//     copies: the Q tile once, then K_j and V_j of every visited K/V block into a ring of STAGES
+//   * warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread (v3_producer.cuh v3_load_warp)
+//     issues the TMA copies: the Q tile once, then K_j and V_j of every visited K/V block into a ring of STAGES
 //     shared-memory stages. Each stage has two "full" mbarriers (K, V: the copies complete their
 //     bytes on them) and two "empty" ones (every consumer thread arrives once its Q K^T, resp. its
 //     P V, of the stage is done), so K slots free up a whole softmax earlier than V slots.
@@ -62,43 +62,9 @@
 #include "attncompiler/v3_consumer.cuh"
 #include "attncompiler/v3_trace.cuh"
 #include "attncompiler/v3_epilogue.cuh"
+#include "attncompiler/v3_producer.cuh"
 
 namespace ac {
-
-// K/V blocks whose every P underflows (Cfg::SCORE_SKIP: plan/scoreskip.py; score_skip.cuh has the
-// argument). Here the offset is the lazy one (kRescaleSlack), and with slope > 0 the descending walk
-// visits the reference key's block before every lower one, so a skipped key's exp2 would have been
-// exactly 0 when its block came: O, l and the LSE are bit-identical without it.
-template <class Cfg>
-__device__ __forceinline__ int v3_skip_begin(int b, int h, int q_lo, int q_hi, const AttnParams& p,
-                                             const AttnBuffers& buf, int j_begin, int j_end) {
-  static_assert(Cfg::SCORE_SKIP && Cfg::KV_DESCENDING, "v3's score skip runs on the descending walk");
-  return score_skip_begin<Cfg::BLOCK_N>(b, h, q_lo, q_hi, p, buf, j_begin, j_end, V3Consumer<Cfg>::kRescaleSlack);
-}
-
-// HALF_BLOCKS with a mask: `issue_and_wait(part)` (a block's GEMM issue up to the wait for its S) runs in an arm
-// of its own per part, then a half S moves into acc_s. So no merge point has wgmmas of different shapes in flight
-// (merged, ptxas serializes every wgmma: C7515), and the markers keep the arms from being merged again; the half
-// GEMMs write acc_h (into half of acc_s: C7511). Otherwise `issue_and_wait(0)`.
-template <class Cfg, class F>
-__device__ __forceinline__ void v3_by_part(V3Consumer<Cfg>& st, int part, F& issue_and_wait) {
-  if constexpr (Cfg::HALF_BLOCKS && Variant::kHasMask) {
-    if (part == 0) {
-      issue_and_wait(0);
-      asm volatile("// half_blocks: the whole block" ::: "memory");
-    } else if (part == 1) {
-      issue_and_wait(1);
-      st.template take_half<false>();
-      asm volatile("// half_blocks: the low half" ::: "memory");
-    } else {
-      issue_and_wait(2);
-      st.template take_half<true>();
-      asm volatile("// half_blocks: the high half" ::: "memory");
-    }
-  } else {
-    issue_and_wait(0);
-  }
-}
 
 // Maps: V3Maps, or V3MapsO with Cfg::TMA_STORE_O (the o map of the epilogue's TMA stores).
 template <class Cfg, class Maps>
@@ -117,8 +83,9 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const unsigned int sKV0 = base + L::kQBytes;  // K of stage s: sKV0 + s*kStageBytes, V: + kKBytes
   const unsigned int sOt = base + L::kOOffset;  // TMA_STORE_O: the epilogue's O tile
   const unsigned int bars = base + L::kBarOffset;
-  const unsigned int barQ = bars;                           // Q landed (phase = tile count & 1)
-  const unsigned int barQfree = bars + 8u * (1 + 4 * STAGES);  // consumers done with Q's S GEMMs
+  const V3Bars<STAGES> vbars{bars};
+  const unsigned int barQ = vbars.q();           // Q landed (phase = tile count & 1)
+  const unsigned int barQfree = vbars.q_free();  // consumers done with Q's S GEMMs
   // the tile word (SCORE_SKIP): the walk's first block of the current tile, written by the producer
   // before its arrival on barQ, read by the consumers after their wait on it
   const unsigned int sTileWord = bars + 8u * L::kNumBars;
@@ -126,11 +93,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   // or on barQfree's slot (unused otherwise); its consumers stage O / l in the same buffer and arrive on
   // qbufs.staged(it), and producer warp 1 writes it by TMA stores, then loads Q of tile number it + 2 there.
   constexpr bool kQPrefetch = Cfg::Q_PREFETCH;
-  const V3QBuffers<kQPrefetch> qbufs{sQ, sOt, barQ, barQfree, bars + 8u * (2 + 4 * STAGES)};
-  auto full_k = [&](int s) { return bars + 8u * (1 + s); };
-  auto full_v = [&](int s) { return bars + 8u * (1 + STAGES + s); };
-  auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
-  auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * STAGES + s); };
+  const V3QBuffers<kQPrefetch> qbufs{sQ, sOt, barQ, barQfree, vbars.extra(0)};
+  auto full_k = [&](int s) { return vbars.full_k(s); };
+  auto full_v = [&](int s) { return vbars.full_v(s); };
+  auto empty_k = [&](int s) { return vbars.empty_k(s); };
+  auto empty_v = [&](int s) { return vbars.empty_v(s); };
 
   const int num_qb = (p.Nq + BM - 1) / BM;
   const int num_tiles = kPersistent ? num_qb * p.B * p.H : 1;
@@ -138,7 +105,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   const int tile_step = kPersistent ? gridDim.x : 1;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-#define AC_TRACE_TILE(tile) (kPersistent ? (tile) : (int)(blockIdx.y * gridDim.x + blockIdx.x))
+#define AC_TRACE_TILE(tile) v3_trace_tile<kPersistent>(tile)
 #ifdef AC_V3_TRACE
   {
     unsigned int smid;
@@ -187,92 +154,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     // ---------------- producer warpgroup ----------------
     setmaxnreg_dec<Cfg::PRODUCER_REGS>();
     if (warp == 0 && lane == 0) {
-      tma_prefetch_desc(&maps.q);
-      tma_prefetch_desc(&maps.k);
-      tma_prefetch_desc(&maps.v);
-      // Ring state runs on across tiles: block number i (over the CTA's lifetime) takes slot
-      // i % STAGES of the K and the V ring; a slot is refilled once every consumer thread released it.
-      int s = 0, i = 0;
-      unsigned int phase = 0;
-      auto load_v = [&](int jv, const V3Rows<Cfg>& rows, int h_kv, int sv, unsigned int ph, int iv) {
-        if (iv >= STAGES) mbar_wait(empty_v(sv), ph ^ 1u);
-        const unsigned int sV = sKV0 + sv * L::kStageBytes + L::kKBytes;
-        mbar_arrive_expect_tx(full_v(sv), L::kVBytes);
-#pragma unroll
-        for (int c = 0; c < L::DVB; ++c)
-          tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, rows.k_start + jv * BN, h_kv, rows.batch, full_v(sv));
-      };
-      int it = 0;
-      for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
-        int q_block, bh;
-        v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
-        const int b = bh / p.H, h = bh % p.H, h_kv = h / (p.H / p.H_kv);
-        const V3Rows<Cfg> rows(p, b);
-        const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
-        KvWalk<BN, Cfg::KV_DESCENDING> walk;
-        kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
-        const int j_first = walk.first(b, h, q0, q_hi, p, buf);
-        // The first tile's Q went out at the start (thread 0 above); a later tile's Q goes after its
-        // K_0 (which only needs a ring slot), so that K_0 is in flight while the previous tile's last
-        // S GEMMs finish and free Q.
-        auto load_q = [&]() {
-          mbar_wait(barQfree, (it - 1) & 1);  // the previous tile's S GEMMs are done
-#ifdef AC_V3_Q_ONCE  // timing only (wrong results): every tile reuses the first tile's Q, no reload
-          if constexpr (!Cfg::SCORE_SKIP) {
-            mbar_arrive(barQ);
-            return;
-          }
-#endif
-          if constexpr (Cfg::SCORE_SKIP) {
-            mbar_expect_tx(barQ, L::kQBytes);  // arrival: publish_walk
-          } else {
-            mbar_arrive_expect_tx(barQ, L::kQBytes);
-          }
-#pragma unroll
-          for (int c = 0; c < L::DB; ++c)
-            tma_load_4d(sQ + c * BM * 128, &maps.q, c * 64, rows.q_start + q0, h, rows.batch, barQ);
-        };
-        // SCORE_SKIP: the walk's first block (v3_skip_begin; its global load runs while the first
-        // copies fly) goes to the tile word, and this thread's arrival on barQ releases it with Q, so
-        // the consumers walk exactly the blocks copied here. The first block never moves.
-        auto publish_walk = [&]() {
-          if constexpr (Cfg::SCORE_SKIP) {
-            walk.j_begin = v3_skip_begin<Cfg>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(sTileWord), "r"(walk.j_begin) : "memory");
-            mbar_arrive(barQ);
-          }
-        };
-        // Copies in the order the consumers use them: K_0, then K_i before V_{i-1} (iteration i
-        // issues S_i = Q K_i^T before O += P_{i-1} V_{i-1}), then the last V.
-        int s_prev = 0, j_prev = -1;
-        unsigned int phase_prev = 0;
-        if (!walk.valid(j_first)) {
-          if (!kQPrefetch && it > 0) load_q();
-          publish_walk();
-        }
-        for (int j = j_first; walk.valid(j); j = walk.next(j, b, h, q0, q_hi, p, buf), ++i) {
-          if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
-          const unsigned int sK = sKV0 + s * L::kStageBytes;
-          mbar_arrive_expect_tx(full_k(s), L::kKBytes);
-#pragma unroll
-          for (int c = 0; c < L::DB; ++c)
-            tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, rows.k_start + j * BN, h_kv, rows.batch, full_k(s));
-          if (j == j_first) {
-            if (!kQPrefetch && it > 0) load_q();
-            publish_walk();
-          }
-          AC_TRACE(AC_TRACE_TILE(tile), kTraceIssue, j == j_first);
-          if (j_prev >= 0) load_v(j_prev, rows, h_kv, s_prev, phase_prev, i - 1);
-          j_prev = j;
-          s_prev = s;
-          phase_prev = phase;
-          if (++s == STAGES) {
-            s = 0;
-            phase ^= 1u;
-          }
-        }
-        if (j_prev >= 0) load_v(j_prev, rows, h_kv, s_prev, phase_prev, i - 1);
-      }
+      v3_load_warp<Cfg, kPersistent, kTileByHead>(p, buf, maps, sQ, sKV0, vbars, sTileWord, tile0, tile_step,
+                                                 num_tiles, num_qb);
     }
     if constexpr (kQPrefetch) {
       if (warp == 1 && lane == 0)
@@ -336,6 +219,19 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       phase ^= 1u;
     }
   };
+  // CARRY_TILES (with Q_PREFETCH): when the CTA's next tile has blocks, its first block -- S_0, issued in the turn of
+  // this tile's last P V, and its first softmax, run while that P V does -- is this tile's tail, and this tile's O is
+  // staged after it (the next tile's Q is already resident in the other buffer). Each tile then takes as many turns
+  // as it has blocks, not one more, and no first softmax runs with its own warpgroup's GEMMs idle. Every warpgroup
+  // runs every block of the CTA's walk (no per-warpgroup walks, no half blocks) and decides alike.
+  constexpr bool kCarry = Cfg::CARRY_TILES;
+  static_assert(!kCarry || (kQPrefetch && !kWgWalk && !kHalf && !Cfg::Q_PRESCALE),
+                "carried tiles: the Q a tile ahead, every block of the CTA's walk for every warpgroup, no Q prescale");
+  bool carried = false;  // kCarry: the current tile's first block ran in the previous tile's tail
+  int j_carry = 0;       // ... and its walk goes on at this block
+  // ring slot and phase of the K/V block whose P V comes next (runs on across a carried tile's boundary)
+  int s_prev = 0;
+  unsigned int phase_prev = 0;
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
@@ -348,11 +244,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
     const int wq_hi = min(wq_lo + 63, p.Nq - 1);
     const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
+    const bool carried_in = kCarry && carried;      // O, the row statistics and P of block 0 came with the tail
+    carried = false;
 
+    if (!carried_in) {
 #pragma unroll
-    for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-    st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
-    st.row_sum[0] = st.row_sum[1] = 0.f;
+      for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
+      st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
+      st.row_sum[0] = st.row_sum[1] = 0.f;
+    }
     st.set_score_mod(b, h, p, buf);
     const float tile_exp_scale = st.tile_exp_scale(exp_scale);
 
@@ -372,18 +272,20 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     // Whether block j needs the masked softmax for this warpgroup's rows: the ragged last block, or a tile
     // that is not FULL (or rows past Nq). Warpgroup-uniform; the warp vote changes no value but tells ptxas the
     // branch on it is warp-uniform (without it, two softmax copies guard every shuffle as divergent: BRA.DIV).
-    auto needs_mask = [&](int j) -> bool {
+    // (needs_mask_of: the same for the rows [lo, hi] of tile (bb, hh); kCarry asks it of the next tile)
+    auto needs_mask_of = [&](int j, int bb, int hh, int lo, int hi) -> bool {
       const int kv0 = j * BN;
       bool m = kv0 + BN > p.Nk;
       if constexpr (Variant::kHasMask) {
 #ifndef AC_V3_MASK_OFF  // timing only (wrong results): every block inside the sequence runs the unmasked softmax
         // (tile_class only for a block inside the sequence and rows inside Nq: a buffer mask reads its rows)
-        m = m || wq_lo > wq_hi || Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
+        m = m || lo > hi || Variant::tile_class(bb, hh, lo, hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
 #endif
         m = __any_sync(0xffffffffu, m);
       }
       return m;
     };
+    auto needs_mask = [&](int j) -> bool { return needs_mask_of(j, b, h, wq_lo, wq_hi); };
 
     // HALF_BLOCKS: which keys of visited block j this warpgroup multiplies (V3Consumer::issue_qk_part): 0 all,
     // 1 the low half (the high one EMPTY for its rows), 2 the high half; voted warp-uniform (a branch around
@@ -405,7 +307,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
     };
 
-    mbar_wait(qbufs.bar(it), qbufs.parity(it));  // always: the Q copy must land before Q is reused or the CTA exits
+    // always (kCarry: in the tail that carried the tile in): the Q copy must land before Q is reused or the CTA exits
+    if (!carried_in) mbar_wait(qbufs.bar(it), qbufs.parity(it));
     const unsigned int sQt = qbufs.buf(it);  // this tile's Q
     if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
       asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
@@ -425,44 +328,50 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         j = walk.next(j, b, h, q0, q_hi, p, buf);
       }
     }
-    if (walk.valid(j)) {
-      // Block 0: S_0 only.
-      int part = part_of(j);
-      st.init_s(j * BN, row0, b, h, p, buf);
-      mbar_wait(full_k(s), phase);
-      turn_wait();
+    if (carried_in || walk.valid(j)) {
+      int part, part_prev;
       bool masked;
       int j_next, part_next;
-      auto s0_step = [&](int pt) {
-        wgmma_fence();
-        st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
-        wgmma_commit();
-        turn_grant();
-        // The block walk runs while the GEMMs do: off the path from S to the next issue.
-        masked = needs_mask(j);
-        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-        part_next = part_of(j_next);
-        wgmma_wait<0>();
-      };
-      v3_by_part<Cfg>(st, part, s0_step);
-      reg_fence(st.acc_s);
-      AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
-      mbar_arrive(empty_k(s));
-      {
-        float alpha[2];
-        st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-        st.convert_p(j * BN, row0, b, h, p);
+      if (carried_in) {
+        j = j_carry;
+        part = part_prev = 0;
+      } else {
+        // Block 0: S_0 only.
+        part = part_of(j);
+        st.init_s(j * BN, row0, b, h, p, buf);
+        mbar_wait(full_k(s), phase);
+        turn_wait();
+        auto s0_step = [&](int pt) {
+          wgmma_fence();
+          st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
+          wgmma_commit();
+          turn_grant();
+          // The block walk runs while the GEMMs do: off the path from S to the next issue.
+          masked = needs_mask(j);
+          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+          part_next = part_of(j_next);
+          wgmma_wait<0>();
+        };
+        v3_by_part<Cfg>(st, part, s0_step);
+        reg_fence(st.acc_s);
+        AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
+        mbar_arrive(empty_k(s));
+        {
+          float alpha[2];
+          st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+          st.convert_p(j * BN, row0, b, h, p);
+        }
+        AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
+        s_prev = s;
+        phase_prev = phase;
+        part_prev = part;
+        if (++s == STAGES) {
+          s = 0;
+          phase ^= 1u;
+        }
+        j = j_next;
+        part = part_next;
       }
-      AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
-      int s_prev = s;
-      unsigned int phase_prev = phase;
-      int part_prev = part;
-      if (++s == STAGES) {
-        s = 0;
-        phase ^= 1u;
-      }
-      j = j_next;
-      part = part_next;
       while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
@@ -527,6 +436,69 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
+      if constexpr (kCarry) {
+        // The CTA's next tile, when it has a block: the tail (see kCarry above).
+        const int tile_n = tile + tile_step;
+        int nq_block = 0, nbh = 0, nj = 0;
+        KvWalk<BN, Cfg::KV_DESCENDING> nwalk;
+        nwalk.j_begin = nwalk.j_end = 0;
+        if (tile_n < num_tiles) {
+          v3_tile<kPersistent, kTileByHead>(tile_n, num_qb, p, nq_block, nbh);
+          const int nb0 = nbh / p.H, nh0 = nbh % p.H;
+          const int nq0 = nq_block * BM, nq_hi = min(nq0 + BM, p.Nq) - 1;
+          kv_block_range<BN>(nb0, nh0, nq0, nq_hi, p, buf, nwalk.j_begin, nwalk.j_end);
+          nj = nwalk.first(nb0, nh0, nq0, nq_hi, p, buf);
+        }
+        // (the same for every thread of the CTA; the vote tells ptxas the branch around wgmma is warp-uniform)
+        if (__any_sync(0xffffffffu, tile_n < num_tiles && nwalk.valid(nj))) {
+          const int nb = nbh / p.H, nh = nbh % p.H;
+          const int nq0 = nq_block * BM, nq_hi = min(nq0 + BM, p.Nq) - 1;
+          const int nwq_lo = nq0 + 64 * wg, nwq_hi = min(nwq_lo + 63, p.Nq - 1), nrow0 = nwq_lo + 16 * warp_wg;
+          mbar_wait(qbufs.bar(it + 1), qbufs.parity(it + 1));  // the next tile's Q (loaded a tile ahead)
+          st.set_score_mod(nb, nh, p, buf);
+          st.init_s(nj * BN, nrow0, nb, nh, p, buf);
+          mbar_wait(full_k(s), phase);
+          turn_wait();
+          wgmma_fence();
+          st.issue_qk(qbufs.buf(it + 1), sKV0 + s * L::kStageBytes, wg);  // S_0 of the next tile
+          wgmma_commit();
+          mbar_wait(full_v(s_prev), phase_prev);
+          st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);  // this tile's last P V
+          wgmma_commit();
+          turn_grant();
+          // this tile's row statistics are final: 1/l and the LSE while both GEMMs run
+          v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
+          masked = needs_mask_of(nj, nb, nh, nwq_lo, nwq_hi);
+          j_carry = nwalk.next(nj, nb, nh, nq0, nq_hi, p, buf);
+          wgmma_wait<1>();
+          reg_fence(st.acc_s);
+          mbar_arrive(empty_k(s));
+          st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
+          st.row_sum[0] = st.row_sum[1] = 0.f;
+          {
+            float alpha[2];
+            st.template softmax_dispatch<true>(masked, nj * BN, nrow0, st.tile_exp_scale(exp_scale), nb, nh, p, buf,
+                                               alpha);
+          }
+          wgmma_wait<0>();
+          reg_fence(st.acc_o);
+          reg_fence(st.p_frag);
+          mbar_arrive(empty_v(s_prev));
+          AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
+          v3_epilogue_handoff<Cfg>(st, inv, sQt, qbufs.staged(it), wg, AC_TRACE_TILE(tile));
+#pragma unroll
+          for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
+          st.convert_p(nj * BN, nrow0, nb, nh, p);
+          s_prev = s;
+          phase_prev = phase;
+          if (++s == STAGES) {
+            s = 0;
+            phase ^= 1u;
+          }
+          carried = true;
+          continue;
+        }
+      }
       // The last block's P V.
       mbar_wait(full_v(s_prev), phase_prev);
       turn_wait();

@@ -27,6 +27,12 @@ __device__ unsigned long long ac_v3_trace[AC_V3_TRACE_TILES * 16];
 
 namespace ac {
 
+// The trace's tile index: the persistent grid's tile, else the CTA's.
+template <bool kPersistent>
+__device__ __forceinline__ int v3_trace_tile(int tile) {
+  return kPersistent ? tile : (int)(blockIdx.y * gridDim.x + blockIdx.x);
+}
+
 // Trace slots (AC_V3_TRACE): 0 SM id, 1 CTA start, 2 Q landed (consumer 0), 3 first S done, 4 first
 // softmax done, 5 main loop done, 6 last P V done, 7 consumer 0 epilogue done, 8 consumer 1 epilogue
 // done, 9 visited K/V blocks, 10 producer issued the tile's first copy; inside consumer 0's
