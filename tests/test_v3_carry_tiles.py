@@ -120,7 +120,9 @@ def test_gpu_carry_tiles(name, head_dim):
     assert kern.plan.carry_tiles
     res = check_kernel(kern, 4, 12, 1023)
     assert res.ok, f"{name} d={head_dim}: {res}"
-    assert _same(kern, ac.compile(spec, "v3", **AHEAD), 4, 12, 1023, head_dim, seed=head_dim), name
+    off = ac.compile(spec, "v3", **{**kern.plan.options, "carry_tiles": False})
+    assert off.plan.q_prefetch and (off.plan.block_m, off.plan.block_n) == (kern.plan.block_m, kern.plan.block_n)
+    assert _same(kern, off, 4, 12, 1023, head_dim, seed=head_dim), name
 
 
 @pytest.mark.gpu
