@@ -111,8 +111,8 @@ def _same(kern_a, kern_b, B: int, H: int, N: int, d: int, seed: int, dtype=torch
 @pytest.mark.parametrize("name", GPU_PRESETS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_carry_tiles(name, head_dim):
-    """Several tiles per CTA (4 x 12 x 8 query blocks > the SMs): the error-ratio rule, and O and LSE bit-identical
-    to the q_prefetch plan without carrying (each tile's arithmetic is the same, in the same order)."""
+    """Several tiles per CTA (4 x 12 x 8 query blocks > the SMs): the error-ratio rule, and (but dropout) O and LSE
+    bit-identical to the q_prefetch plan without carrying (each tile's arithmetic is the same, in the same order)."""
     from attncompiler.testing import check_kernel
 
     spec = _spec(name, head_dim)
@@ -120,9 +120,10 @@ def test_gpu_carry_tiles(name, head_dim):
     assert kern.plan.carry_tiles
     res = check_kernel(kern, 4, 12, 1023)
     assert res.ok, f"{name} d={head_dim}: {res}"
-    off = ac.compile(spec, "v3", **{**kern.plan.options, "carry_tiles": False})
-    assert off.plan.q_prefetch and (off.plan.block_m, off.plan.block_n) == (kern.plan.block_m, kern.plan.block_n)
-    assert _same(kern, off, 4, 12, 1023, head_dim, seed=head_dim), name
+    if name != "dropout":  # (each call draws a new dropout offset; check_kernel checks dropout against its mask)
+        off = ac.compile(spec, "v3", **{**kern.plan.options, "carry_tiles": False})
+        assert off.plan.q_prefetch and (off.plan.block_m, off.plan.block_n) == (kern.plan.block_m, kern.plan.block_n)
+        assert _same(kern, off, 4, 12, 1023, head_dim, seed=head_dim), name
 
 
 @pytest.mark.gpu
