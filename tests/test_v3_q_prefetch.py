@@ -191,7 +191,7 @@ def test_autotuner_tries_q_prefetch():
 
     ir = build_ir(presets.sliding_window(1024, 128))
     base = plan_v3(ir, "sm_90")
-    ahead = [o for o in candidates_v3(ir, "sm_90") if o["q_prefetch"] and not o["carry_tiles"]]
+    ahead = [o for o in candidates_v3(ir, "sm_90") if o["q_prefetch"]]
     assert len(ahead) == 1 and {k: v for k, v in ahead[0].items() if k != "q_prefetch"} == {
         k: v for k, v in base.options.items() if k != "q_prefetch"}
     assert not any(o["q_prefetch"] for o in candidates_v3(build_ir(presets.causal(128)), "sm_90"))

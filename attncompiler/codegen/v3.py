@@ -72,7 +72,6 @@ class V3Schedule:
             softmax_copies=plan.softmax_copies,
             half_blocks=plan.half_blocks,
             q_prefetch=plan.q_prefetch,
-            carry_tiles=plan.carry_tiles,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

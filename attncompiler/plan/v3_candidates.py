@@ -20,7 +20,7 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
     with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, on the
     persistent grid with the other tile order (``tiles_by_head``) and with the next Q a tile ahead
-    (``q_prefetch``, with and without ``carry_tiles``), and with a mask its half-block plan
+    (``q_prefetch``), and with a mask its half-block plan
     (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
@@ -55,9 +55,6 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
         try:
             ahead = plan_v3(ir_or_dims, target, **{**base.options, "q_prefetch": True, "score_skip": False})
             ranked.append(((1, 0, -ahead.block_n, -ahead.stages, 0), ahead.options))
-            # and a tile's first block in the previous tile's tail (plan/v3_grid.py carry_tiles_choice)
-            carried = plan_v3(ir_or_dims, target, **{**ahead.options, "carry_tiles": True})
-            ranked.append(((1, 0, -carried.block_n, -carried.stages, 0), carried.options))
         except PlanError:
             pass
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)

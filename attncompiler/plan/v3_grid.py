@@ -30,7 +30,7 @@ from typing import Any
 
 import sympy
 
-__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "carry_tiles_choice", "q_prefetch_choice",
+__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "q_prefetch_choice",
            "tiles_by_head_choice", "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
@@ -128,36 +128,4 @@ def without_persistent_grid(plan: Any) -> Any:
         smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
                              elem_bytes(plan.dtype))
     return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, tiles_by_head=False,
-                               q_prefetch=False, carry_tiles=False, smem_bytes=smem)
-
-
-def carry_tiles_choice(carry_tiles: bool | None, *, q_prefetch: bool, masked: bool, block_n: int, block_m: int,
-                       consumers: int, half_blocks: bool, q_prescale: bool) -> tuple[bool, str | None]:
-    """Whether a tile's first block runs in the previous tile's tail (``carry_tiles``), and the reason line (None
-    when off by default). With it the persistent grid's consumers issue the next tile's first S GEMM in the same
-    GEMM turn as the current tile's last P V, run its first softmax while both GEMMs do, and only then stage the
-    current tile's O (``templates/include/attncompiler/v3_fwd.cuh`` ``kCarry``): each tile takes as many GEMM turns as
-    it has K/V blocks instead of one more. Needs ``q_prefetch`` (the next tile's Q is then already resident in the
-    other buffer), every consumer warpgroup on every block of the CTA's walk (no per-warpgroup walks: with a mask,
-    BLOCK_N >= BLOCK_M; no half blocks) and no Q prescale (it rewrites the Q tile before the first S GEMM)."""
-    from .model import PlanError
-
-    if carry_tiles is not None and not isinstance(carry_tiles, bool):
-        raise PlanError(f"v3: expected carry_tiles a bool, got {carry_tiles!r}")
-    if not carry_tiles:
-        return False, ("a tile's first block in the previous tile's tail: off (forced)" if carry_tiles is False
-                       else None)
-    if not q_prefetch:
-        raise PlanError("v3: expected carry_tiles with q_prefetch=True (the next tile's Q must be resident before the "
-                        "current tile ends), got q_prefetch=False")
-    if masked and consumers >= 2 and block_n < block_m:
-        raise PlanError(f"v3: expected carry_tiles with BLOCK_N >= BLOCK_M under a mask (every consumer warpgroup on "
-                        f"every block of the CTA's walk), got BLOCK_N {block_n} < BLOCK_M {block_m}")
-    if half_blocks:
-        raise PlanError("v3: expected carry_tiles without half_blocks (every warpgroup's GEMMs over whole blocks), "
-                        "got half_blocks=True")
-    if q_prescale:
-        raise PlanError("v3: expected carry_tiles without q_prescale (the Q tile is rewritten before its first S "
-                        "GEMM), got q_prescale=True")
-    return True, ("a tile's first block in the previous tile's tail (carry_tiles, forced): the next tile's S_0 in "
-                  "the last P V's GEMM turn, its first softmax under both GEMMs, then this tile's O staged")
+                               q_prefetch=False, smem_bytes=smem)

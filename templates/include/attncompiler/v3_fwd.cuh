@@ -219,19 +219,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       phase ^= 1u;
     }
   };
-  // CARRY_TILES (with Q_PREFETCH): when the CTA's next tile has blocks, its first block -- S_0, issued in the turn of
-  // this tile's last P V, and its first softmax, run while that P V does -- is this tile's tail, and this tile's O is
-  // staged after it (the next tile's Q is already resident in the other buffer). Each tile then takes as many turns
-  // as it has blocks, not one more, and no first softmax runs with its own warpgroup's GEMMs idle. Every warpgroup
-  // runs every block of the CTA's walk (no per-warpgroup walks, no half blocks) and decides alike.
-  constexpr bool kCarry = Cfg::CARRY_TILES;
-  static_assert(!kCarry || (kQPrefetch && !kWgWalk && !kHalf && !Cfg::Q_PRESCALE),
-                "carried tiles: the Q a tile ahead, every block of the CTA's walk for every warpgroup, no Q prescale");
-  bool carried = false;  // kCarry: the current tile's first block ran in the previous tile's tail
-  int j_carry = 0;       // ... and its walk goes on at this block
-  // ring slot and phase of the K/V block whose P V comes next (runs on across a carried tile's boundary)
-  int s_prev = 0;
-  unsigned int phase_prev = 0;
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
@@ -244,15 +231,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
     const int wq_hi = min(wq_lo + 63, p.Nq - 1);
     const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
-    const bool carried_in = kCarry && carried;      // O, the row statistics and P of block 0 came with the tail
-    carried = false;
 
-    if (!carried_in) {
 #pragma unroll
-      for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-      st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
-      st.row_sum[0] = st.row_sum[1] = 0.f;
-    }
+    for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
+    st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
+    st.row_sum[0] = st.row_sum[1] = 0.f;
     st.set_score_mod(b, h, p, buf);
     const float tile_exp_scale = st.tile_exp_scale(exp_scale);
 
@@ -272,20 +255,18 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     // Whether block j needs the masked softmax for this warpgroup's rows: the ragged last block, or a tile
     // that is not FULL (or rows past Nq). Warpgroup-uniform; the warp vote changes no value but tells ptxas the
     // branch on it is warp-uniform (without it, two softmax copies guard every shuffle as divergent: BRA.DIV).
-    // (needs_mask_of: the same for the rows [lo, hi] of tile (bb, hh); kCarry asks it of the next tile)
-    auto needs_mask_of = [&](int j, int bb, int hh, int lo, int hi) -> bool {
+    auto needs_mask = [&](int j) -> bool {
       const int kv0 = j * BN;
       bool m = kv0 + BN > p.Nk;
       if constexpr (Variant::kHasMask) {
 #ifndef AC_V3_MASK_OFF  // timing only (wrong results): every block inside the sequence runs the unmasked softmax
         // (tile_class only for a block inside the sequence and rows inside Nq: a buffer mask reads its rows)
-        m = m || lo > hi || Variant::tile_class(bb, hh, lo, hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
+        m = m || wq_lo > wq_hi || Variant::tile_class(b, h, wq_lo, wq_hi, kv0, kv0 + BN - 1, p, buf) != AC_TILE_FULL;
 #endif
         m = __any_sync(0xffffffffu, m);
       }
       return m;
     };
-    auto needs_mask = [&](int j) -> bool { return needs_mask_of(j, b, h, wq_lo, wq_hi); };
 
     // HALF_BLOCKS: which keys of visited block j this warpgroup multiplies (V3Consumer::issue_qk_part): 0 all,
     // 1 the low half (the high one EMPTY for its rows), 2 the high half; voted warp-uniform (a branch around
@@ -307,8 +288,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
     };
 
-    // always (kCarry: in the tail that carried the tile in): the Q copy must land before Q is reused or the CTA exits
-    if (!carried_in) mbar_wait(qbufs.bar(it), qbufs.parity(it));
+    mbar_wait(qbufs.bar(it), qbufs.parity(it));  // always: the Q copy must land before Q is reused or the CTA exits
     const unsigned int sQt = qbufs.buf(it);  // this tile's Q
     if constexpr (Cfg::SCORE_SKIP) {  // the producer's first block of the walk (j_first stays: it is above)
       asm volatile("ld.shared.u32 %0, [%1];" : "=r"(walk.j_begin) : "r"(sTileWord) : "memory");
@@ -328,50 +308,44 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         j = walk.next(j, b, h, q0, q_hi, p, buf);
       }
     }
-    if (carried_in || walk.valid(j)) {
-      int part, part_prev;
+    if (walk.valid(j)) {
+      // Block 0: S_0 only.
+      int part = part_of(j);
+      st.init_s(j * BN, row0, b, h, p, buf);
+      mbar_wait(full_k(s), phase);
+      turn_wait();
       bool masked;
       int j_next, part_next;
-      if (carried_in) {
-        j = j_carry;
-        part = part_prev = 0;
-      } else {
-        // Block 0: S_0 only.
-        part = part_of(j);
-        st.init_s(j * BN, row0, b, h, p, buf);
-        mbar_wait(full_k(s), phase);
-        turn_wait();
-        auto s0_step = [&](int pt) {
-          wgmma_fence();
-          st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
-          wgmma_commit();
-          turn_grant();
-          // The block walk runs while the GEMMs do: off the path from S to the next issue.
-          masked = needs_mask(j);
-          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-          part_next = part_of(j_next);
-          wgmma_wait<0>();
-        };
-        v3_by_part<Cfg>(st, part, s0_step);
-        reg_fence(st.acc_s);
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
-        mbar_arrive(empty_k(s));
-        {
-          float alpha[2];
-          st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-          st.convert_p(j * BN, row0, b, h, p);
-        }
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
-        s_prev = s;
-        phase_prev = phase;
-        part_prev = part;
-        if (++s == STAGES) {
-          s = 0;
-          phase ^= 1u;
-        }
-        j = j_next;
-        part = part_next;
+      auto s0_step = [&](int pt) {
+        wgmma_fence();
+        st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
+        wgmma_commit();
+        turn_grant();
+        // The block walk runs while the GEMMs do: off the path from S to the next issue.
+        masked = needs_mask(j);
+        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+        part_next = part_of(j_next);
+        wgmma_wait<0>();
+      };
+      v3_by_part<Cfg>(st, part, s0_step);
+      reg_fence(st.acc_s);
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
+      mbar_arrive(empty_k(s));
+      {
+        float alpha[2];
+        st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+        st.convert_p(j * BN, row0, b, h, p);
       }
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
+      int s_prev = s;
+      unsigned int phase_prev = phase;
+      int part_prev = part;
+      if (++s == STAGES) {
+        s = 0;
+        phase ^= 1u;
+      }
+      j = j_next;
+      part = part_next;
       while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
         mbar_wait(full_k(s), phase);
@@ -436,69 +410,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE(AC_TRACE_TILE(tile), kTraceLoop, threadIdx.x == 128);
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
-      if constexpr (kCarry) {
-        // The CTA's next tile, when it has a block: the tail (see kCarry above).
-        const int tile_n = tile + tile_step;
-        int nq_block = 0, nbh = 0, nj = 0;
-        KvWalk<BN, Cfg::KV_DESCENDING> nwalk;
-        nwalk.j_begin = nwalk.j_end = 0;
-        if (tile_n < num_tiles) {
-          v3_tile<kPersistent, kTileByHead>(tile_n, num_qb, p, nq_block, nbh);
-          const int nb0 = nbh / p.H, nh0 = nbh % p.H;
-          const int nq0 = nq_block * BM, nq_hi = min(nq0 + BM, p.Nq) - 1;
-          kv_block_range<BN>(nb0, nh0, nq0, nq_hi, p, buf, nwalk.j_begin, nwalk.j_end);
-          nj = nwalk.first(nb0, nh0, nq0, nq_hi, p, buf);
-        }
-        // (the same for every thread of the CTA; the vote tells ptxas the branch around wgmma is warp-uniform)
-        if (__any_sync(0xffffffffu, tile_n < num_tiles && nwalk.valid(nj))) {
-          const int nb = nbh / p.H, nh = nbh % p.H;
-          const int nq0 = nq_block * BM, nq_hi = min(nq0 + BM, p.Nq) - 1;
-          const int nwq_lo = nq0 + 64 * wg, nwq_hi = min(nwq_lo + 63, p.Nq - 1), nrow0 = nwq_lo + 16 * warp_wg;
-          mbar_wait(qbufs.bar(it + 1), qbufs.parity(it + 1));  // the next tile's Q (loaded a tile ahead)
-          st.set_score_mod(nb, nh, p, buf);
-          st.init_s(nj * BN, nrow0, nb, nh, p, buf);
-          mbar_wait(full_k(s), phase);
-          turn_wait();
-          wgmma_fence();
-          st.issue_qk(qbufs.buf(it + 1), sKV0 + s * L::kStageBytes, wg);  // S_0 of the next tile
-          wgmma_commit();
-          mbar_wait(full_v(s_prev), phase_prev);
-          st.issue_pv(sKV0 + s_prev * L::kStageBytes + L::kKBytes);  // this tile's last P V
-          wgmma_commit();
-          turn_grant();
-          // this tile's row statistics are final: 1/l and the LSE while both GEMMs run
-          v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
-          masked = needs_mask_of(nj, nb, nh, nwq_lo, nwq_hi);
-          j_carry = nwalk.next(nj, nb, nh, nq0, nq_hi, p, buf);
-          wgmma_wait<1>();
-          reg_fence(st.acc_s);
-          mbar_arrive(empty_k(s));
-          st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
-          st.row_sum[0] = st.row_sum[1] = 0.f;
-          {
-            float alpha[2];
-            st.template softmax_dispatch<true>(masked, nj * BN, nrow0, st.tile_exp_scale(exp_scale), nb, nh, p, buf,
-                                               alpha);
-          }
-          wgmma_wait<0>();
-          reg_fence(st.acc_o);
-          reg_fence(st.p_frag);
-          mbar_arrive(empty_v(s_prev));
-          AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
-          v3_epilogue_handoff<Cfg>(st, inv, sQt, qbufs.staged(it), wg, AC_TRACE_TILE(tile));
-#pragma unroll
-          for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-          st.convert_p(nj * BN, nrow0, nb, nh, p);
-          s_prev = s;
-          phase_prev = phase;
-          if (++s == STAGES) {
-            s = 0;
-            phase ^= 1u;
-          }
-          carried = true;
-          continue;
-        }
-      }
       // The last block's P V.
       mbar_wait(full_v(s_prev), phase_prev);
       turn_wait();
