@@ -311,7 +311,8 @@ def test_compile_auto_uses_tuned_v3_and_auto_entries(tuned_dir: Path, fake_gpu: 
                                                                        "softmax_copies": 2,
                                                                        "half_blocks": False,
                                                                        "tiles_by_head": True,
-                                                                       "q_prefetch": False}  # a stored entry's
+                                                                       "q_prefetch": False,
+                                                                       "tile_list": False}  # a stored entry's
     # missing options take the planner's defaults
     assert kern.plan.reasons[0].startswith("autotuned on NVIDIA H100 80GB HBM3 for seqlen bucket 4096 (hint 4096): v3")
     # an "auto" entry won by v2 gives a v2 kernel
@@ -375,7 +376,7 @@ def test_tune_candidates_v3_cpu() -> None:
         assert len(v3) == len({tuple(sorted(c.items())) for c in v3}) >= 4
         assert all(set(c) == {"block_n", "stages", "persistent", "exp2_poly", "block_m",
                                  "kv_descending", "score_skip", "q_prescale", "late_pv_wait", "tma_store_o",
-                                 "softmax_copies", "half_blocks", "tiles_by_head", "q_prefetch"}
+                                 "softmax_copies", "half_blocks", "tiles_by_head", "q_prefetch", "tile_list"}
                    for c in v3)
         assert all(plan_v3(ir, t, **c).options == c for c in v3)  # every one is feasible
         assert any(c["persistent"] for c in v3) and len({c["block_n"] for c in v3}) >= 2

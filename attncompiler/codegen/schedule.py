@@ -7,7 +7,7 @@ package exposing ``SCHEDULE`` (a :class:`Schedule`); adding one is one new file 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..ir.types import AttentionIR
@@ -36,6 +36,9 @@ class KernelSource:
     plan: Plan
     threads: int
     smem_bytes: int
+    #: what the launch needs beyond the plan (v3 with ``tile_list``: the mask's K/V range, for the tiles' costs);
+    #: not part of the kernel's identity
+    launch_info: Any = field(default=None, compare=False, repr=False)
 
 
 class Schedule(Protocol):

@@ -4,10 +4,12 @@ phase marks).
 
 Besides ``(AttnParams, AttnBuffers)`` the kernel takes a third by-value argument, ``struct V3Maps``:
 the TMA tensor maps of q, k and v (``struct V3MapsO`` with the plan option ``tma_store_o``: and o), built per
-call by :meth:`V3Schedule.launch_forward` (:mod:`attncompiler.runtime.tma`).
+call by :meth:`V3Schedule.launch_forward` (:mod:`attncompiler.runtime.tma`); with ``tile_list`` a fourth, the
+device pointer of the persistent grid's tile list (:mod:`attncompiler.runtime.tile_list`; null: the round robin).
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -72,11 +74,19 @@ class V3Schedule:
             softmax_copies=plan.softmax_copies,
             half_blocks=plan.half_blocks,
             q_prefetch=plan.q_prefetch,
+            tile_list=plan.tile_list,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )
+        # the tile list's costs come from the mask's K/V range (None: every tile visits every block)
+        kv = None
+        if plan.tile_list and ir.mask_expr is not None:
+            from ..ir.ranges import kv_range
+
+            kv = kv_range(ir.mask_expr)
         # wgmma and setmaxnreg exist only on the arch-specific target
-        return KernelSource(self.name, "attn_fwd", "sm_90a", src, plan, plan.num_threads, plan.smem_bytes)
+        return KernelSource(self.name, "attn_fwd", "sm_90a", src, plan, plan.num_threads, plan.smem_bytes,
+                            launch_info=kv)
 
     def grid(self, ks: KernelSource, dims: AttnInputs, sm_count: int | None = None) -> tuple[int, int, int]:
         """(query blocks, B*H); persistent: min(tiles, CTAs per SM x SMs) CTAs (``sm_count``: the device's, else
@@ -108,7 +118,14 @@ class V3Schedule:
         maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n,
                          with_o=ks.plan.tma_store_o)
         grid = self.grid(ks, dims, _sm_count(idx) if ks.plan.persistent else None)
-        launch_structs(fn.ptr, grid, ks.threads, ks.smem_bytes, (params, buffers, maps), device)
+        args: tuple[Any, ...] = (params, buffers, maps)
+        if ks.plan.tile_list:
+            from ..runtime.tile_list import tile_list
+
+            lst = tile_list(ks.launch_info, dims.Nq, dims.Nk, dims.B, dims.H, ks.plan.block_m, ks.plan.block_n,
+                            ks.plan.tiles_by_head, grid[0], device)
+            args += (ctypes.c_void_p(lst.data_ptr() if lst is not None else 0),)
+        launch_structs(fn.ptr, grid, ks.threads, ks.smem_bytes, args, device)
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,7 +32,8 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_grid import MIN_STAGES_WITH_O_TILE, balanced_tiles, q_prefetch_choice, tiles_by_head_choice
+from .v3_grid import (MIN_STAGES_WITH_O_TILE, balanced_tiles, q_prefetch_choice, tile_list_choice,
+                      tiles_by_head_choice)
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
@@ -122,7 +123,7 @@ BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
               "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head",
-              "q_prefetch")
+              "q_prefetch", "tile_list")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -158,6 +159,7 @@ class V3Plan(Plan):
     half_blocks: bool = False
     tiles_by_head: bool = False
     q_prefetch: bool = False
+    tile_list: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -166,9 +168,11 @@ class V3Plan(Plan):
                 "exp2_poly": self.exp2_poly, "block_m": self.block_m, "kv_descending": self.kv_descending,
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
-                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head, "q_prefetch": self.q_prefetch}
+                "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head, "q_prefetch": self.q_prefetch,
+                "tile_list": self.tile_list}
 
     def _config_lines(self) -> list[str]:
+        dealt = "; tiles dealt to the CTAs by a host list" if self.tile_list else ""
         return super()._config_lines() + [
             f"  warp specialization: 1 producer warpgroup (TMA, setmaxnreg {self.producer_regs}) + "
             f"{self.consumers} consumer warpgroup{'s' if self.consumers > 1 else ''} (wgmma, setmaxnreg "
@@ -176,7 +180,8 @@ class V3Plan(Plan):
             f"{self.stages} K/V stages; "
             f"{f'persistent grid ({self.ctas_per_sm} CTA(s) per SM)' if self.persistent else 'one CTA per tile'}"
             f"{'; O written by TMA stores from an O tile' if self.tma_store_o else ''}"
-            f"{' (by a producer warp; the next Q loaded a tile ahead into the other tile)' if self.q_prefetch else ''}",
+            f"{' (by a producer warp; the next Q loaded a tile ahead into the other tile)' if self.q_prefetch else ''}"
+            f"{dealt}",
             f"  softmax exponentials: {self.exp2_poly}/8 on the FMA pipes (polynomial), the rest on MUFU",
         ]
 
@@ -284,7 +289,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
             half_blocks: bool | None = None, tiles_by_head: bool | None = None,
-            q_prefetch: bool | None = None) -> V3Plan:
+            q_prefetch: bool | None = None, tile_list: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -293,7 +298,8 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
     kw: dict[str, Any] = dict(block_n=block_n, stages=stages, persistent=persistent, exp2_poly=exp2_poly,
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
                               late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
-                              half_blocks=half_blocks, tiles_by_head=tiles_by_head, q_prefetch=q_prefetch)
+                              half_blocks=half_blocks, tiles_by_head=tiles_by_head, q_prefetch=q_prefetch,
+                              tile_list=tile_list)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -318,7 +324,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
              tma_store_o: bool | None = None, softmax_copies: int | None = None,
              half_blocks: bool | None = None, tiles_by_head: bool | None = None,
-             q_prefetch: bool | None = None) -> V3Plan:
+             q_prefetch: bool | None = None, tile_list: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -543,6 +549,9 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                        "meanwhile, and only the next staging waits for the stores to have read the tile")
     if why_qpf is not None:
         reasons.append(why_qpf)
+    dealt, why_dealt = tile_list_choice(ir_or_dims, tile_list, bool(persistent), bm, bn)
+    if why_dealt is not None:
+        reasons.append(why_dealt)
     if block_n is None and pref < BLOCK_N_CHOICES[0]:
         reasons.append(f"not considered: BLOCK_N > {pref} " + ("(the band mask's width, above)" if band is not None else
                        "(S and P registers beside O; FlashAttention-3's tile widths for this head dim)"))
@@ -555,4 +564,5 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
         softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head, q_prefetch=qpf,
+        tile_list=dealt,
     )

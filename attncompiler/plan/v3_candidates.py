@@ -20,7 +20,8 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
     with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, on the
     persistent grid with the other tile order (``tiles_by_head``) and with the next Q a tile ahead
-    (``q_prefetch``), and with a mask its half-block plan
+    (``q_prefetch``), with a mask on the persistent grid its tiles dealt by a host list (``tile_list``), and with a
+    mask its half-block plan
     (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
@@ -57,6 +58,10 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
             ranked.append(((1, 0, -ahead.block_n, -ahead.stages, 0), ahead.options))
         except PlanError:
             pass
+    if base.persistent and getattr(ir_or_dims, "mask_expr", None) is not None and not base.tile_list:
+        # tiles of different lengths dealt by a host list (plan/v3_grid.py tile_list_choice)
+        dealt = plan_v3(ir_or_dims, target, **{**base.options, "tile_list": True})
+        ranked.append(((1, 0, -dealt.block_n, -dealt.stages, 0), dealt.options))
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
         try:
             half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,

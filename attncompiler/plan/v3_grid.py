@@ -31,7 +31,7 @@ from typing import Any
 import sympy
 
 __all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "q_prefetch_choice",
-           "tiles_by_head_choice", "without_persistent_grid"]
+           "tile_list_choice", "tiles_by_head_choice", "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
 #: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.03;
@@ -128,4 +128,24 @@ def without_persistent_grid(plan: Any) -> Any:
         smem = v3_smem_bytes(plan.block_m, plan.block_n, plan.head_dim, plan.head_dim_v, plan.stages,
                              elem_bytes(plan.dtype))
     return dataclasses.replace(plan, persistent=False, score_skip=False, tma_store_o=False, tiles_by_head=False,
-                               q_prefetch=False, smem_bytes=smem)
+                               q_prefetch=False, tile_list=False, smem_bytes=smem)
+
+
+def tile_list_choice(ir_or_dims: Any, tile_list: bool | None, persistent: bool, block_m: int,
+                     block_n: int) -> tuple[bool, str | None]:
+    """Whether the persistent grid's tiles are dealt to the CTAs by a host-built list (``tile_list``), and the reason
+    line (None when off by default). Without it CTA c runs tiles c, c + G, ... (G CTAs); with it the host deals them
+    longest first onto the least-loaded CTA (``attncompiler/runtime/tile_list.py``, LPT scheduling), so that tiles of
+    different lengths (a band's first query blocks see fewer keys) do not leave the CTAs that draw one more long tile
+    finishing alone. Only the persistent grid has tiles to deal."""
+    from .model import PlanError
+
+    if tile_list is not None and not isinstance(tile_list, bool):
+        raise PlanError(f"v3: expected tile_list a bool, got {tile_list!r}")
+    if not tile_list:
+        return False, ("tiles dealt by a host list: off (forced)" if tile_list is False else None)
+    if not persistent:
+        raise PlanError("v3: expected tile_list with persistent=True (the persistent grid's tiles), got "
+                        "persistent=False")
+    return True, ("tiles dealt by a host list (tile_list, forced): longest first onto the least-loaded CTA, costs "
+                  "from the mask's K/V range (runtime/tile_list.py)")

@@ -228,14 +228,15 @@ struct V3QBuffers {
 // per buffer: a consumer can be at most one arrival ahead on either, since tile it + 2 needs its Q from here.
 template <class Cfg, bool kPersistent, bool kTileByHead, class Maps>
 __device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& maps, const V3QBuffers<true>& qb,
-                                              int tile0, int tile_step, int num_tiles, int num_qb) {
+                                              int tile0, int tile_step, int num_tiles, int num_qb,
+                                              const int* tile_list) {
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, NC = L::NC;
   auto buf_of = [&](int it) { return qb.buf(it); };
   auto bar_of = [&](int it) { return qb.bar(it); };
   auto load_q_into = [&](int it, int tile) {
     int q_block, bh;
-    v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+    v3_tile<kPersistent, kTileByHead, Cfg::TILE_LIST>(tile, num_qb, p, q_block, bh, tile_list);
     const int b = bh / p.H, h = bh % p.H;
     const V3Rows<Cfg> rows(p, b);
     mbar_arrive_expect_tx(bar_of(it), L::kQBytes);
@@ -247,7 +248,7 @@ __device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& m
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
-    v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+    v3_tile<kPersistent, kTileByHead, Cfg::TILE_LIST>(tile, num_qb, p, q_block, bh, tile_list);
     const int b = bh / p.H, h = bh % p.H;
     mbar_wait(qb.staged(it), qb.parity(it));  // every consumer thread staged its rows of O / l
 #ifndef AC_V3_NO_O_STORE

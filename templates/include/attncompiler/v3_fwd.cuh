@@ -68,11 +68,13 @@ namespace ac {
 
 // Maps: V3Maps, or V3MapsO with Cfg::TMA_STORE_O (the o map of the epilogue's TMA stores).
 template <class Cfg, class Maps>
-__device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const Maps& maps) {
+__device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& buf, const Maps& maps,
+                                       const int* tile_list = nullptr) {
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES, NC = L::NC;
   constexpr bool kPersistent = Cfg::PERSISTENT;
   constexpr bool kTileByHead = Cfg::TILES_BY_HEAD;  // the persistent grid's tile order (v3_tile)
+  constexpr bool kList = Cfg::TILE_LIST;  // the host's tile list (tile_list; null: the round robin)
   static_assert(!Cfg::VARLEN || (!Cfg::PERSISTENT && !Cfg::SCORE_SKIP),
                 "packed sequences: one tile per CTA (the entry takes the sequence's view), no score skip");
   static_assert(Cfg::TMA_STORE_O == (sizeof(Maps) == sizeof(V3MapsO)), "the o map comes with TMA_STORE_O");
@@ -100,9 +102,12 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   auto empty_v = [&](int s) { return vbars.empty_v(s); };
 
   const int num_qb = (p.Nq + BM - 1) / BM;
-  const int num_tiles = kPersistent ? num_qb * p.B * p.H : 1;
-  const int tile0 = kPersistent ? blockIdx.x : 0;
-  const int tile_step = kPersistent ? gridDim.x : 1;
+  // The CTA's slots tile0, tile0 + tile_step, ... < num_tiles (v3_tile): the round robin over the grid, or with
+  // TILE_LIST and a list its run tile_list[blockIdx.x] .. tile_list[blockIdx.x + 1], one by one.
+  const bool listed = kList && tile_list != nullptr;
+  const int num_tiles = listed ? tile_list[blockIdx.x + 1] : (kPersistent ? num_qb * p.B * p.H : 1);
+  const int tile0 = listed ? tile_list[blockIdx.x] : (kPersistent ? blockIdx.x : 0);
+  const int tile_step = listed ? 1 : (kPersistent ? gridDim.x : 1);
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
 #define AC_TRACE_TILE(tile) v3_trace_tile<kPersistent>(tile)
@@ -134,7 +139,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     // descriptor prefetches): its round trip is the CTA's start-up latency (benchmarks/v3_trace.py).
     if (tile0 < num_tiles) {
       int q_block, bh;
-      v3_tile<kPersistent, kTileByHead>(tile0, num_qb, p, q_block, bh);
+      v3_tile<kPersistent, kTileByHead, kList>(tile0, num_qb, p, q_block, bh, tile_list);
       const int b = bh / p.H, h = bh % p.H;
       const V3Rows<Cfg> rows(p, b);
       // SCORE_SKIP: the arrival comes later, with the tile word (the producer's publish_walk)
@@ -155,11 +160,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     setmaxnreg_dec<Cfg::PRODUCER_REGS>();
     if (warp == 0 && lane == 0) {
       v3_load_warp<Cfg, kPersistent, kTileByHead>(p, buf, maps, sQ, sKV0, vbars, sTileWord, tile0, tile_step,
-                                                 num_tiles, num_qb);
+                                                 num_tiles, num_qb, tile_list);
     }
     if constexpr (kQPrefetch) {
       if (warp == 1 && lane == 0)
-        v3_store_warp<Cfg, kPersistent, kTileByHead>(p, maps, qbufs, tile0, tile_step, num_tiles, num_qb);
+        v3_store_warp<Cfg, kPersistent, kTileByHead>(p, maps, qbufs, tile0, tile_step, num_tiles, num_qb, tile_list);
     }
     return;
   }
@@ -222,7 +227,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
-    v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+    v3_tile<kPersistent, kTileByHead, kList>(tile, num_qb, p, q_block, bh, tile_list);
     const int b = bh / p.H, h = bh % p.H;
     const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
     KvWalk<BN, Cfg::KV_DESCENDING> walk;

@@ -18,7 +18,7 @@ template <class Cfg, bool kPersistent, bool kTileByHead, class Maps>
 __device__ __forceinline__ void v3_load_warp(const AttnParams& p, const AttnBuffers& buf, const Maps& maps,
                                              unsigned int sQ, unsigned int sKV0, const V3Bars<Cfg::STAGES>& bars,
                                              unsigned int sTileWord, int tile0, int tile_step, int num_tiles,
-                                             int num_qb) {
+                                             int num_qb, const int* tile_list) {
   using L = V3Layout<Cfg>;
   constexpr int BM = L::BM, BN = L::BN, STAGES = L::STAGES;
   constexpr bool kQPrefetch = Cfg::Q_PREFETCH;
@@ -43,7 +43,7 @@ __device__ __forceinline__ void v3_load_warp(const AttnParams& p, const AttnBuff
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
     int q_block, bh;
-    v3_tile<kPersistent, kTileByHead>(tile, num_qb, p, q_block, bh);
+    v3_tile<kPersistent, kTileByHead, Cfg::TILE_LIST>(tile, num_qb, p, q_block, bh, tile_list);
     const int b = bh / p.H, h = bh % p.H, h_kv = h / (p.H / p.H_kv);
     const V3Rows<Cfg> rows(p, b);
     const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;

@@ -36,8 +36,14 @@ struct V3Rows {
 //     K/V is streamed from HBM once per query block.
 //   otherwise (masks whose tiles differ in length: causal): all heads' heaviest query blocks first, the static
 //     round robin's balance (causal N = 16k: 502 query-major, 418 head-major).
-template <bool kPersistent, bool kByHead>
-__device__ __forceinline__ void v3_tile(int tile, int num_qb, const AttnParams& p, int& q_block, int& bh) {
+// kList (Cfg::TILE_LIST, persistent only): the CTA's loop runs over slots of the host's tile list instead (v3_fwd.cuh;
+// runtime/tile_list.py deals the tiles, longest first, to the least-loaded CTA), and slot s holds tile list[s] of the
+// order above; a null list is the round robin (slot s is tile s).
+template <bool kPersistent, bool kByHead, bool kList = false>
+__device__ __forceinline__ void v3_tile(int slot, int num_qb, const AttnParams& p, int& q_block, int& bh,
+                                        const int* list = nullptr) {
+  static_assert(!kList || kPersistent, "a tile list is the persistent grid's");
+  const int tile = (kList && list != nullptr) ? list[slot] : slot;
   if constexpr (kPersistent && kByHead) {
     q_block = num_qb - 1 - tile % num_qb;
     bh = tile / num_qb;
