@@ -7,7 +7,8 @@ alibi_causal, softcap, sliding_window
 (window 1024) or sliding_windowW (window W), fullmask, or a preset name), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
 option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``smem=BYTES`` launches with that much
-dynamic shared memory (the plan's layout, the rest unused: the L1 carve-out's cost); ``define=NAME`` (``define=A+B``: both) compiles the kernel with
+dynamic shared memory (the plan's layout, the rest unused: the L1 carve-out's cost); ``deal=lpt`` / ``deal=in_order``
+the tile list's dealing rule (plan option tile_list; attncompiler/runtime/tile_list.py); ``define=NAME`` (``define=A+B``: both) compiles the kernel with
 ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
@@ -98,6 +99,7 @@ def main(argv: list[str]) -> int:
         N = int(options.pop("n", tokens))
         define = options.pop("define", None)  # a source-level variant: "#define NAME 1" before the kernel
         smem = options.pop("smem", None)  # launch with this much dynamic shared memory (not less than the plan's)
+        deal = options.pop("deal", None)  # tile_list's dealing rule (runtime/tile_list.py DEALS), set per call
         B, H = tokens // N, 2048 // d
         if (d, N) not in sets_by_d:
             sets_by_d[(d, N)] = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16)
@@ -112,9 +114,13 @@ def main(argv: list[str]) -> int:
                 kern = with_smem(kern, max(int(smem), kern.kernel_source.smem_bytes))
             it = [0]
 
-            def step(kern=kern):
+            def step(kern=kern, deal=deal):
                 q, k, v = sets[it[0] % 3]
                 it[0] += 1
+                if deal:
+                    from attncompiler.runtime import tile_list
+
+                    tile_list.DEAL = deal
                 return kern(q, k, v)
 
             ms = do_bench(step, warmup=50, rep=300, return_mode="median")

@@ -24,12 +24,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["TILE_BOUNDARY_BLOCKS", "deal_tiles", "tile_costs", "tile_list", "makespan"]
+__all__ = ["TILE_BOUNDARY_BLOCKS", "DEALS", "deal_tiles", "deal_in_order", "tile_costs", "tile_list", "makespan"]
 
 #: a tile's start and end (its first S GEMM and softmax, last P V and epilogue) in K/V blocks of the main loop:
 #: traced on an H200 (2026-11-29, docs/perf-notes.md, thirty-second session) 2.94 us per tile boundary against
 #: 1.44 us per block of dense 9-block tiles at d = 128
 TILE_BOUNDARY_BLOCKS = 2
+#: how :func:`tile_list` deals: "lpt" (:func:`deal_tiles`) or "in_order" (:func:`deal_in_order`); benchmarks switch it
+DEAL = "lpt"
 _CACHE_MAX = 64
 _cache: OrderedDict[tuple, Any] = OrderedDict()
 _lock = threading.Lock()
@@ -48,6 +50,23 @@ def deal_tiles(costs: Sequence[int], ctas: int) -> list[list[int]]:
         runs[c].append(t)
         heapq.heappush(heap, (load + costs[t], c))
     return runs
+
+
+def deal_in_order(costs: Sequence[int], ctas: int) -> list[list[int]]:
+    """Per CTA, its tiles: each tile in the kernel's order onto the least-loaded CTA (greedy list scheduling, no
+    sort), so tiles that run at the same time stay neighbours in the kernel's order (one head's K/V in L2)."""
+    if ctas <= 0:
+        raise ValueError(f"expected a positive CTA count, got {ctas}")
+    heap = [(0, c) for c in range(ctas)]
+    runs: list[list[int]] = [[] for _ in range(ctas)]
+    for t, cost in enumerate(costs):
+        load, c = heapq.heappop(heap)
+        runs[c].append(t)
+        heapq.heappush(heap, (load + cost, c))
+    return runs
+
+
+DEALS = {"lpt": deal_tiles, "in_order": deal_in_order}
 
 
 def makespan(costs: Sequence[int], runs: Sequence[Sequence[int]]) -> int:
@@ -102,9 +121,10 @@ def tile_costs(kv_range: Any, Nq: int, Nk: int, B: int, H: int, block_m: int, bl
     return out
 
 
-def build_list(costs: Sequence[int], ctas: int) -> list[int]:
-    """The list's integers: ``ctas + 1`` slot offsets into the whole list, then the tiles (:func:`deal_tiles`)."""
-    runs = deal_tiles(costs, ctas)
+def build_list(costs: Sequence[int], ctas: int, deal: str = "lpt") -> list[int]:
+    """The list's integers: ``ctas + 1`` slot offsets into the whole list, then the tiles (``deal``: a key of
+    :data:`DEALS`)."""
+    runs = DEALS[deal](costs, ctas)
     offsets, pos = [], ctas + 1
     for run in runs:
         offsets.append(pos)
@@ -119,7 +139,7 @@ def tile_list(kv_range: Any, Nq: int, Nk: int, B: int, H: int, block_m: int, blo
     when not cached (the kernel then runs the round robin)."""
     import torch
 
-    key = (id(kv_range), Nq, Nk, B, H, block_m, block_n, by_head, ctas, str(device))
+    key = (id(kv_range), Nq, Nk, B, H, block_m, block_n, by_head, ctas, str(device), DEAL)
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] is kv_range:
@@ -127,7 +147,7 @@ def tile_list(kv_range: Any, Nq: int, Nk: int, B: int, H: int, block_m: int, blo
             return hit[1]
     if torch.cuda.is_current_stream_capturing():
         return None
-    ints = build_list(tile_costs(kv_range, Nq, Nk, B, H, block_m, block_n, by_head), ctas)
+    ints = build_list(tile_costs(kv_range, Nq, Nk, B, H, block_m, block_n, by_head), ctas, DEAL)
     t = torch.tensor(ints, dtype=torch.int32, device=device)
     with _lock:
         _cache[key] = (kv_range, t)  # the range is held, so its id is not reused while the entry lives
