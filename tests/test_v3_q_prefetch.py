@@ -27,10 +27,17 @@ _render = render_v3
 
 def test_plan_q_prefetch():
     """Forced on: the same tiles and stages as the O tile's plan, two more mbarriers (16 B), the producer's wider
-    register budget, and a reason line; off by default, and the options reproduce the plan."""
+    register budget, and a reason line; on by default for a band on the persistent grid (Q_PREFETCH_BANDS), off
+    without a mask, and the options reproduce the plan."""
     ir = build_ir(presets.sliding_window(1024, 128))
-    base = plan_v3(ir, "sm_90")
+    base = plan_v3(ir, "sm_90", q_prefetch=False)
     assert base.persistent and base.tma_store_o and not base.q_prefetch
+    default = plan_v3(ir, "sm_90")
+    assert default.q_prefetch and any(r.startswith("Q a tile ahead (q_prefetch): a band mask") for r in default.reasons)
+    assert default.options == plan_v3(ir, "sm_90", q_prefetch=True).options
+    assert default.smem_bytes == base.smem_bytes + 16
+    plain = plan_v3(build_ir(presets.plain(128)), "sm_90")
+    assert plain.tma_store_o and not plain.q_prefetch
     p = plan_v3(ir, "sm_90", q_prefetch=True)
     assert p.q_prefetch and (p.block_n, p.stages, p.block_m) == (base.block_n, base.stages, base.block_m)
     assert p.smem_bytes == base.smem_bytes + 16 == v3_smem_bytes(128, p.block_n, 128, 128, p.stages, o_tile=True,
@@ -189,9 +196,11 @@ def test_autotuner_tries_q_prefetch():
     (the same tile and stages); where it has none (causal: one CTA per tile), none with it."""
     from attncompiler.plan.v3_candidates import candidates_v3
 
-    ir = build_ir(presets.sliding_window(1024, 128))
+    ir = build_ir(presets.plain(128))
     base = plan_v3(ir, "sm_90")
     ahead = [o for o in candidates_v3(ir, "sm_90") if o["q_prefetch"]]
     assert len(ahead) == 1 and {k: v for k, v in ahead[0].items() if k != "q_prefetch"} == {
         k: v for k, v in base.options.items() if k != "q_prefetch"}
     assert not any(o["q_prefetch"] for o in candidates_v3(build_ir(presets.causal(128)), "sm_90"))
+    band = build_ir(presets.sliding_window(1024, 128))  # on by default there: the candidate without it
+    assert {**plan_v3(band, "sm_90").options, "q_prefetch": False} in candidates_v3(band, "sm_90")

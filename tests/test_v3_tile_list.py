@@ -97,7 +97,7 @@ def test_build_list_layout():
 
 def test_plan_tile_list():
     ir = build_ir(presets.sliding_window(1024, 128))
-    base = plan_v3(ir, "sm_90")
+    base = plan_v3(ir, "sm_90", tile_list=False)
     p = plan_v3(ir, "sm_90", tile_list=True)
     assert p.tile_list and not base.tile_list
     assert (p.block_n, p.stages, p.smem_bytes, p.persistent) == (base.block_n, base.stages, base.smem_bytes, True)
@@ -118,7 +118,7 @@ def test_render_tile_list():
     assert "static constexpr bool TILE_LIST = true;" in src.source
     assert "const int* __restrict__ tile_list) {" in src.source and "v3_fwd<V3Config>(p, buf, maps, tile_list)" in src.source
     assert src.launch_info is not None  # the mask's K/V range, for the costs
-    plain = render_v3(presets.sliding_window(1024, 128))
+    plain = render_v3(presets.sliding_window(1024, 128), tile_list=False)
     assert "static constexpr bool TILE_LIST = false;" in plain.source
     assert "const int* __restrict__ tile_list) {" not in plain.source
 
@@ -127,8 +127,10 @@ def test_autotuner_tries_tile_list():
     from attncompiler.plan.v3_candidates import candidates_v3
 
     ir = build_ir(presets.sliding_window(1024, 128))
-    dealt = [o for o in candidates_v3(ir, "sm_90") if o["tile_list"]]
-    assert len(dealt) == 1 and dealt[0] == {**plan_v3(ir, "sm_90").options, "tile_list": True}
+    base = plan_v3(ir, "sm_90")
+    assert base.tile_list  # the default on the persistent grid of a band (TILE_LIST_MASKS)
+    robin = [o for o in candidates_v3(ir, "sm_90") if not o["tile_list"] and o["persistent"]]
+    assert {**base.options, "tile_list": False} in robin
     assert not any(o["tile_list"] for o in candidates_v3(build_ir(presets.plain(128)), "sm_90"))
 
 

@@ -31,7 +31,7 @@ def test_plan_tma_store_o():
     ir = build_ir(presets.sliding_window(1024, 128))
     base = plan_v3(ir, "sm_90", persistent=True)
     assert not base.tma_store_o and base.options["tma_store_o"] is False and base.stages == 3
-    p = plan_v3(ir, "sm_90", persistent=True, tma_store_o=True)
+    p = plan_v3(ir, "sm_90", persistent=True, tma_store_o=True, q_prefetch=False)
     assert p.tma_store_o and p.options["tma_store_o"] is True and p.stages == 2 and p.block_n == 128
     assert p.smem_bytes == v3_smem_bytes(128, 128, 128, 128, 2, o_tile=True)
     assert p.smem_bytes - v3_smem_bytes(128, 128, 128, 128, 2) == 128 * 128 * 2  # BLOCK_M x DV bf16

@@ -32,8 +32,8 @@ from .band import band_block_m_64, band_block_n
 from .qscale import q_prescale_choice
 from .scoreskip import SCORE_SKIP_MIN_KEYS, score_skip_choice
 from .targets import Target
-from .v3_grid import (MIN_STAGES_WITH_O_TILE, balanced_tiles, q_prefetch_choice, tile_list_choice,
-                      tiles_by_head_choice)
+from .v3_grid import (MIN_STAGES_WITH_O_TILE, balanced_tiles, q_prefetch_choice, q_prefetch_default,
+                      tile_list_choice, tiles_by_head_choice)
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
                          HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
@@ -378,7 +378,12 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         raise PlanError(f"v3: expected tma_store_o with persistent=True (the persistent grid's epilogue), got "
                         f"persistent={persistent!r}")
     o_tile = bool(tma_store_o)
-    qpf = q_prefetch is True  # its two mbarriers counted wherever the O tile is (checked against the grid below)
+    # q_prefetch's two mbarriers are counted wherever the O tile is (checked against the grid below); on by default for
+    # a band mask's short tiles (plan/v3_grid.py Q_PREFETCH_BANDS)
+    qpf_default = q_prefetch is None and q_prefetch_default(ir_or_dims, d_padded=v3_padded(d, eb),
+                                                            dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas,
+                                                            score_skip_asked=score_skip)
+    qpf = q_prefetch is True or qpf_default
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
     poly = exp2_poly if exp2_poly is not None else (static_poly if static_poly is not None else EXP2_POLY_DEFAULT)
     # dropout, the polynomial exponentials or a mask reading buffers: at most PREFERRED_BLOCK_N_DROPOUT (d=64
@@ -452,7 +457,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                                              f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
     bn, smem, regs, st = chosen
     qpf, why_qpf = q_prefetch_choice(q_prefetch, o_tile, score_skip_asked=score_skip, d_padded=v3_padded(d, eb),
-                                     dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas)
+                                     dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas, default_on=qpf_default)
     producer_regs = PRODUCER_REGS_Q_PREFETCH if qpf and ctas == 1 else PRODUCER_REGS
     pool = register_pool(nw, ctas)
     if producer_regs * 128 + consumer_regs * 128 * nc > pool:  # setmaxnreg.inc would wait forever

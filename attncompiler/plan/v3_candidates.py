@@ -20,8 +20,8 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     stages (:data:`MIN_STAGES`..:data:`MAX_STAGES`), and the grid: one CTA per tile, persistent, or persistent
     with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, on the
     persistent grid with the other tile order (``tiles_by_head``) and with the next Q a tile ahead
-    (``q_prefetch``), with a mask on the persistent grid its tiles dealt by a host list (``tile_list``), and with a
-    mask its half-block plan
+    (``q_prefetch``, or without where the model's has it), with a mask on the persistent grid the other tile dealing
+    (``tile_list``), and with a mask its half-block plan
     (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
     ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
@@ -52,15 +52,16 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     if base.persistent:  # the other tile order (plan/v3_grid.py tiles_by_head_choice)
         order = plan_v3(ir_or_dims, target, **{**base.options, "tiles_by_head": not base.tiles_by_head})
         ranked.append(((1, 0, -base.block_n, -base.stages, 0), order.options))
-    if base.tma_store_o and not base.q_prefetch:  # the next Q a tile ahead (plan/v3_grid.py q_prefetch_choice)
+    if base.tma_store_o:  # the next Q a tile ahead, or not (plan/v3_grid.py q_prefetch_choice)
         try:
-            ahead = plan_v3(ir_or_dims, target, **{**base.options, "q_prefetch": True, "score_skip": False})
+            flip = {"q_prefetch": True, "score_skip": False} if not base.q_prefetch else {"q_prefetch": False}
+            ahead = plan_v3(ir_or_dims, target, **{**base.options, **flip})
             ranked.append(((1, 0, -ahead.block_n, -ahead.stages, 0), ahead.options))
         except PlanError:
             pass
-    if base.persistent and getattr(ir_or_dims, "mask_expr", None) is not None and not base.tile_list:
-        # tiles of different lengths dealt by a host list (plan/v3_grid.py tile_list_choice)
-        dealt = plan_v3(ir_or_dims, target, **{**base.options, "tile_list": True})
+    if base.persistent and getattr(ir_or_dims, "mask_expr", None) is not None:
+        # tiles of different lengths dealt by a host list, or the round robin (plan/v3_grid.py tile_list_choice)
+        dealt = plan_v3(ir_or_dims, target, **{**base.options, "tile_list": not base.tile_list})
         ranked.append(((1, 0, -dealt.block_n, -dealt.stages, 0), dealt.options))
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
         try:

@@ -30,8 +30,9 @@ from typing import Any
 
 import sympy
 
-__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles", "q_prefetch_choice",
-           "tile_list_choice", "tiles_by_head_choice", "without_persistent_grid"]
+__all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "Q_PREFETCH_BANDS", "TILE_LIST_MASKS",
+           "balanced_tiles", "q_prefetch_choice", "q_prefetch_default", "tile_list_choice", "tiles_by_head_choice",
+           "without_persistent_grid"]
 
 #: the heaviest query block's visited K/V rows over the mean (at plan/band.py's BAND_REP_LEN) up to which the
 #: static round robin of the persistent grid counts as balanced (sliding window 1024 at BLOCK_M 128: 1.03;
@@ -39,6 +40,15 @@ __all__ = ["PERSISTENT_MAX_IMBALANCE", "MIN_STAGES_WITH_O_TILE", "balanced_tiles
 PERSISTENT_MAX_IMBALANCE = 1.10
 #: the O tile must leave at least this many K/V stages (d = 128: 3 -> 2, measured faster above)
 MIN_STAGES_WITH_O_TILE = 2
+#: q_prefetch on by default on the persistent grid of a band mask (9 key blocks per tile at window 1024, d = 128):
+#: same-call A/B on an H200 (2026-11-29, v3_sweep.py, bf16, N = 16k unless noted, TFLOP/s, off -> on): window 1024
+#: d128 486.1 -> 493.0, 472.8 -> 488.0, 471.7 -> 486.1; N = 4096 473.6 -> 482.8, 465.2 -> 472.2; d64 343.9 -> 350.2
+#: (docs/perf-notes.md, thirty-third and thirty-fourth sessions)
+Q_PREFETCH_BANDS = True
+#: tile_list on by default on the persistent grid of a mask with a derivable K/V range (tiles of different lengths):
+#: same call, H200, 7 rounds, round robin -> list dealt in order: window 1024 d128 N = 16k 471.7 -> 484.4, N = 4096
+#: 462.2 -> 475.3, N = 2048 444.9 -> 464.7, d64 340.3 -> 337.2 (runtime/tile_list.py; thirty-fourth session)
+TILE_LIST_MASKS = True
 
 
 def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, str]:
@@ -84,20 +94,35 @@ def tiles_by_head_choice(ir_or_dims: Any, persistent: bool, block_m: int, block_
     return balanced_tiles(ir_or_dims, block_m, block_n)
 
 
+def q_prefetch_default(ir_or_dims: Any, *, d_padded: int, dv_padded: int, ctas_per_sm: int,
+                       score_skip_asked: bool | None) -> bool:
+    """Whether ``q_prefetch`` is on by default, should the plan take the persistent grid with the O tile: for a mask
+    whose tiles are balanced (:func:`balanced_tiles`: a band, whose tiles are short; :data:`Q_PREFETCH_BANDS`),
+    without a score_mod (its score skip needs the tile word), one CTA per SM and Q and O tiles of one width."""
+    mask = getattr(ir_or_dims, "mask_expr", None)
+    if not Q_PREFETCH_BANDS or mask is None or getattr(ir_or_dims, "score_expr", None) is not None:
+        return False
+    if score_skip_asked or ctas_per_sm > 1 or d_padded != dv_padded:
+        return False
+    return balanced_tiles(ir_or_dims, 128, 128)[0]  # a band: every query block visits about as many keys
+
+
 def q_prefetch_choice(q_prefetch: bool | None, o_tile: bool, *, score_skip_asked: bool | None, d_padded: int,
-                      dv_padded: int, ctas_per_sm: int = 1) -> tuple[bool, str | None]:
+                      dv_padded: int, ctas_per_sm: int = 1, default_on: bool = False) -> tuple[bool, str | None]:
     """Whether the persistent grid's tiles take their Q a tile ahead (``q_prefetch``), and the reason line (None
     when off by default). With it the Q tile and the O tile take turns: tile number i of a CTA has its Q in buffer
     i mod 2, its consumers stage O there once their S GEMMs are done, and a producer warp writes it by TMA stores and
     then loads the Q of tile i + 2 into it (``templates/include/attncompiler/v3_fwd.cuh`` ``Q_PREFETCH``). So no
     tile waits for its Q and no consumer thread for a store. Needs the O tile (``tma_store_o``), Q and O tiles of one
-    size, no score skip (whose tile word travels with the Q copy) and one CTA per SM. Off unless asked: on an H200
-    (2026-11-29) it measured +1.4-1.9 % where tiles are short (sliding windows, 9 key blocks per tile), inside their
-    spread between rounds, and nothing on long tiles (docs/perf-notes.md, thirty-third session)."""
+    size, no score skip (whose tile word travels with the Q copy) and one CTA per SM. On by default where
+    :func:`q_prefetch_default` says (``default_on``) and the plan has the O tile, else off unless asked."""
     from .model import PlanError
 
     if q_prefetch is not None and not isinstance(q_prefetch, bool):
         raise PlanError(f"v3: expected q_prefetch a bool, got {q_prefetch!r}")
+    if q_prefetch is None and default_on and o_tile:
+        return True, ("Q a tile ahead (q_prefetch): a band mask's tiles are short (Q_PREFETCH_BANDS); the Q tile and "
+                      "the O tile take turns, O stored by a producer warp, which then loads tile i + 2's Q")
     if not q_prefetch:
         return False, ("Q a tile ahead: off (forced)" if q_prefetch is False else None)
     if not o_tile:
@@ -137,15 +162,23 @@ def tile_list_choice(ir_or_dims: Any, tile_list: bool | None, persistent: bool, 
     line (None when off by default). Without it CTA c runs tiles c, c + G, ... (G CTAs); with it the host deals them
     longest first onto the least-loaded CTA (``attncompiler/runtime/tile_list.py``, LPT scheduling), so that tiles of
     different lengths (a band's first query blocks see fewer keys) do not leave the CTAs that draw one more long tile
-    finishing alone. Only the persistent grid has tiles to deal."""
+    finishing alone. Only the persistent grid has tiles to deal. On by default on the persistent grid of a mask with a
+    derivable K/V range (:data:`TILE_LIST_MASKS`)."""
     from .model import PlanError
 
     if tile_list is not None and not isinstance(tile_list, bool):
         raise PlanError(f"v3: expected tile_list a bool, got {tile_list!r}")
+    mask = getattr(ir_or_dims, "mask_expr", None)
+    if tile_list is None and TILE_LIST_MASKS and persistent and mask is not None:
+        from .band import visited_keys_per_block
+
+        if visited_keys_per_block(mask, block_m, block_n):  # a derivable K/V range: tiles of different lengths
+            return True, ("tiles dealt by a host list (tile_list): the mask's tiles differ in length; each, in the "
+                          "kernel's order, to the least-loaded CTA (runtime/tile_list.py, TILE_LIST_MASKS)")
     if not tile_list:
         return False, ("tiles dealt by a host list: off (forced)" if tile_list is False else None)
     if not persistent:
         raise PlanError("v3: expected tile_list with persistent=True (the persistent grid's tiles), got "
                         "persistent=False")
-    return True, ("tiles dealt by a host list (tile_list, forced): longest first onto the least-loaded CTA, costs "
-                  "from the mask's K/V range (runtime/tile_list.py)")
+    return True, ("tiles dealt by a host list (tile_list, forced): each, in the kernel's order, to the least-loaded "
+                  "CTA, costs from the mask's K/V range (runtime/tile_list.py)")
