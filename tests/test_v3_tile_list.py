@@ -15,8 +15,8 @@ from attncompiler.ir.build import build_ir
 from attncompiler.ir.ranges import kv_range
 from attncompiler.plan.model import PlanError
 from attncompiler.plan.v3 import plan_v3
-from attncompiler.runtime.tile_list import (TILE_BOUNDARY_BLOCKS, build_list, deal_tiles, makespan, round_robin,
-                                            tile_costs)
+from attncompiler.runtime.tile_list import (DEAL, DEALS, TILE_BOUNDARY_BLOCKS, build_list, deal_in_order, deal_tiles,
+                                            makespan, round_robin, tile_costs)
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports
@@ -25,24 +25,34 @@ from _v3 import GPU_PRESETS, needs_hopper, render_v3, v3_gpu_spec
 LISTED = {"persistent": True, "tile_list": True}
 
 
+@pytest.mark.parametrize("deal", sorted(DEALS))
 @pytest.mark.parametrize("n_tiles, ctas", [(2048, 132), (7, 132), (133, 132), (1000, 17)])
-def test_deal_equal_costs_is_the_round_robin(n_tiles, ctas):
+def test_deal_equal_costs_is_the_round_robin(deal, n_tiles, ctas):
     costs = [5] * n_tiles
-    assert deal_tiles(costs, ctas) == round_robin(n_tiles, ctas)
+    assert DEALS[deal](costs, ctas) == round_robin(n_tiles, ctas)
 
 
+@pytest.mark.parametrize("deal", sorted(DEALS))
 @pytest.mark.parametrize("seed", range(5))
-def test_deal_every_tile_once_and_no_worse_than_the_round_robin(seed):
+def test_deal_every_tile_once_within_one_tile_of_the_mean(deal, seed):
     import random
 
     rng = random.Random(seed)
     costs = [rng.randint(1, 130) for _ in range(rng.randint(1, 3000))]
     ctas = rng.randint(1, 140)
-    runs = deal_tiles(costs, ctas)
+    runs = DEALS[deal](costs, ctas)
     assert sorted(t for run in runs for t in run) == list(range(len(costs)))
-    # LPT: the busiest CTA carries at most its share plus one tile
+    # greedy list scheduling, sorted or not: the busiest CTA carries at most its share plus one tile
     assert makespan(costs, runs) <= sum(costs) / ctas + max(costs)
-    assert makespan(costs, runs) <= makespan(costs, round_robin(len(costs), ctas))
+    if deal == "lpt":
+        assert makespan(costs, runs) <= makespan(costs, round_robin(len(costs), ctas))
+
+
+def test_deal_in_order_keeps_the_order_per_cta():
+    """In order: each CTA runs its tiles in the kernel's order (neighbouring tiles run at about the same time)."""
+    costs = [11] * 120 + list(range(10, 2, -1)) + [11] * 120 + list(range(10, 2, -1))
+    runs = deal_in_order(costs, 17)
+    assert all(run == sorted(run) for run in runs) and DEAL == "in_order"
 
 
 def test_sliding_window_makespan():
@@ -54,6 +64,7 @@ def test_sliding_window_makespan():
     mean = sum(costs) / 132
     assert makespan(costs, round_robin(2048, 132)) == 16 * (9 + TILE_BOUNDARY_BLOCKS)  # 176: 94.5 % busy
     assert makespan(costs, deal_tiles(costs, 132)) <= mean + 2  # 168 against 166.3
+    assert makespan(costs, deal_in_order(costs, 132)) <= mean + 5  # 171
 
 
 @pytest.mark.parametrize("spec", [presets.sliding_window(1024, 128), presets.sliding_window(300, 64),

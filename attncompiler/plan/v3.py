@@ -380,8 +380,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     o_tile = bool(tma_store_o)
     # q_prefetch's two mbarriers are counted wherever the O tile is (checked against the grid below); on by default for
     # a band mask's short tiles (plan/v3_grid.py Q_PREFETCH_BANDS)
-    qpf_default = q_prefetch is None and q_prefetch_default(ir_or_dims, d_padded=v3_padded(d, eb),
-                                                            dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas,
+    qpf_default = q_prefetch is None and q_prefetch_default(ir_or_dims, head_dim=d, head_dim_v=dv, ctas_per_sm=ctas,
                                                             score_skip_asked=score_skip)
     qpf = q_prefetch is True or qpf_default
     static_poly = EXP2_POLY_STATIC.get(max(d, dv)) if static else None
@@ -455,6 +454,12 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
             grid_why = ("one CTA per tile (plan/v3_grid.py): " + (
                 why_bal if not balanced else f"the O tile of the TMA stores would not keep BLOCK_N {chosen[0]} with "
                                              f">= MIN_STAGES_WITH_O_TILE {MIN_STAGES_WITH_O_TILE} stages"))
+    if qpf_default and (chosen[0] < bm or not o_tile):
+        # q_prefetch's default only where every warpgroup runs every block (the GPU-tested kernels): not with the
+        # per-warpgroup walks of BLOCK_N < BLOCK_M; nor without the O tile (its mbarriers were counted)
+        qpf = qpf_default = False
+        chosen, rejected = search(o_tile)
+        assert chosen is not None  # the same search with 16 bytes less shared memory
     bn, smem, regs, st = chosen
     qpf, why_qpf = q_prefetch_choice(q_prefetch, o_tile, score_skip_asked=score_skip, d_padded=v3_padded(d, eb),
                                      dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas, default_on=qpf_default)

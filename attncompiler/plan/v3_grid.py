@@ -45,6 +45,8 @@ MIN_STAGES_WITH_O_TILE = 2
 #: d128 486.1 -> 493.0, 472.8 -> 488.0, 471.7 -> 486.1; N = 4096 473.6 -> 482.8, 465.2 -> 472.2; d64 343.9 -> 350.2
 #: (docs/perf-notes.md, thirty-third and thirty-fourth sessions)
 Q_PREFETCH_BANDS = True
+#: ... at these head dims (D = DV; the GPU-tested ones), and where BLOCK_N >= BLOCK_M (plan/v3.py)
+Q_PREFETCH_HEAD_DIMS = (64, 128)
 #: tile_list on by default on the persistent grid of a mask with a derivable K/V range (tiles of different lengths):
 #: same call, H200, 7 rounds, round robin -> list dealt in order: window 1024 d128 N = 16k 471.7 -> 484.4, N = 4096
 #: 462.2 -> 475.3, N = 2048 444.9 -> 464.7, d64 340.3 -> 337.2 (runtime/tile_list.py; thirty-fourth session)
@@ -94,15 +96,16 @@ def tiles_by_head_choice(ir_or_dims: Any, persistent: bool, block_m: int, block_
     return balanced_tiles(ir_or_dims, block_m, block_n)
 
 
-def q_prefetch_default(ir_or_dims: Any, *, d_padded: int, dv_padded: int, ctas_per_sm: int,
+def q_prefetch_default(ir_or_dims: Any, *, head_dim: int, head_dim_v: int, ctas_per_sm: int,
                        score_skip_asked: bool | None) -> bool:
     """Whether ``q_prefetch`` is on by default, should the plan take the persistent grid with the O tile: for a mask
     whose tiles are balanced (:func:`balanced_tiles`: a band, whose tiles are short; :data:`Q_PREFETCH_BANDS`),
-    without a score_mod (its score skip needs the tile word), one CTA per SM and Q and O tiles of one width."""
+    without a score_mod (its score skip needs the tile word), one CTA per SM and D = DV in
+    :data:`Q_PREFETCH_HEAD_DIMS`."""
     mask = getattr(ir_or_dims, "mask_expr", None)
     if not Q_PREFETCH_BANDS or mask is None or getattr(ir_or_dims, "score_expr", None) is not None:
         return False
-    if score_skip_asked or ctas_per_sm > 1 or d_padded != dv_padded:
+    if score_skip_asked or ctas_per_sm > 1 or head_dim != head_dim_v or head_dim not in Q_PREFETCH_HEAD_DIMS:
         return False
     return balanced_tiles(ir_or_dims, 128, 128)[0]  # a band: every query block visits about as many keys
 

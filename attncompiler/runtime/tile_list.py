@@ -18,7 +18,7 @@ plus :data:`TILE_BOUNDARY_BLOCKS` for its start and end.
 :func:`tile_list` returns the device tensor the kernel reads (``int32``): ``G + 1`` slot offsets (CTA c runs slots
 ``list[c] .. list[c + 1] - 1``), then the tiles, one per slot. Lists are cached per device and shape (LRU); inside
 CUDA graph capture an uncached list is not built (the copy to the device cannot be captured): the caller passes a
-null pointer and the kernel runs the round robin.
+null pointer and the kernel runs the round robin; a cached list a capture uses is kept for the process's life.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ TILE_BOUNDARY_BLOCKS = 2
 DEAL = "in_order"
 _CACHE_MAX = 64
 _cache: OrderedDict[tuple, Any] = OrderedDict()
+_pinned: dict[tuple, Any] = {}  # lists a CUDA graph captured (their device memory must outlive the graph)
 _lock = threading.Lock()
 
 
@@ -144,17 +145,20 @@ def tile_list(kv_range: Any, Nq: int, Nk: int, B: int, H: int, block_m: int, blo
     import torch
 
     key = (id(kv_range), Nq, Nk, B, H, block_m, block_n, by_head, ctas, str(device), DEAL)
+    capturing = torch.cuda.is_current_stream_capturing()
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] is kv_range:
             _cache.move_to_end(key)
+            if capturing:
+                _pinned[key] = hit  # a captured graph holds the pointer: never freed
             return hit[1]
-    if torch.cuda.is_current_stream_capturing():
+    if capturing:
         return None
     ints = build_list(tile_costs(kv_range, Nq, Nk, B, H, block_m, block_n, by_head), ctas, DEAL)
     t = torch.tensor(ints, dtype=torch.int32, device=device)
     with _lock:
         _cache[key] = (kv_range, t)  # the range is held, so its id is not reused while the entry lives
         while len(_cache) > _CACHE_MAX:
-            _cache.popitem(last=False)
+            _cache.popitem(last=False)  # (an entry a graph captured stays alive in _pinned)
     return t
