@@ -25,15 +25,23 @@ GRID = {"persistent": True, "tma_store_o": True}
 _render = render_v3
 
 
-def test_plan_q_prefetch():
+def test_plan_q_prefetch(monkeypatch):
     """Forced on: the same tiles and stages as the O tile's plan, two more mbarriers (16 B), the producer's wider
-    register budget, and a reason line; on by default for a band on the persistent grid (Q_PREFETCH_BANDS), off
-    without a mask, and the options reproduce the plan."""
+    register budget, and a reason line; with Q_PREFETCH_BANDS on by default for a band on the persistent grid at
+    d = 64 / 128 (not at d = 96, not with BLOCK_N < BLOCK_M), off without a mask; the options reproduce the plan."""
+    from attncompiler.plan import v3_grid
+
     ir = build_ir(presets.sliding_window(1024, 128))
     base = plan_v3(ir, "sm_90", q_prefetch=False)
     assert base.persistent and base.tma_store_o and not base.q_prefetch
+    assert plan_v3(ir, "sm_90").q_prefetch == v3_grid.Q_PREFETCH_BANDS
+    monkeypatch.setattr(v3_grid, "Q_PREFETCH_BANDS", True)
     default = plan_v3(ir, "sm_90")
     assert default.q_prefetch and any(r.startswith("Q a tile ahead (q_prefetch): a band mask") for r in default.reasons)
+    assert plan_v3(build_ir(presets.sliding_window(1024, 64)), "sm_90").q_prefetch
+    assert not plan_v3(build_ir(presets.sliding_window(1024, 96)), "sm_90").q_prefetch
+    narrow = plan_v3(build_ir(presets.sliding_window(1024, 160)), "sm_90")
+    assert narrow.block_n < narrow.block_m and narrow.tma_store_o and not narrow.q_prefetch
     assert default.options == plan_v3(ir, "sm_90", q_prefetch=True).options
     assert default.smem_bytes == base.smem_bytes + 16
     plain = plan_v3(build_ir(presets.plain(128)), "sm_90")

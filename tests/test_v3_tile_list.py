@@ -134,15 +134,21 @@ def test_render_tile_list():
     assert "const int* __restrict__ tile_list) {" not in plain.source
 
 
-def test_autotuner_tries_tile_list():
+def test_autotuner_tries_tile_list(monkeypatch):
+    """The other dealing is a candidate wherever a mask runs on the persistent grid (none without a mask); with
+    TILE_LIST_MASKS the list is the default there, also for a forced persistent causal grid."""
+    from attncompiler.plan import v3_grid
     from attncompiler.plan.v3_candidates import candidates_v3
 
     ir = build_ir(presets.sliding_window(1024, 128))
-    base = plan_v3(ir, "sm_90")
-    assert base.tile_list  # the default on the persistent grid of a band (TILE_LIST_MASKS)
-    robin = [o for o in candidates_v3(ir, "sm_90") if not o["tile_list"] and o["persistent"]]
-    assert {**base.options, "tile_list": False} in robin
-    assert not any(o["tile_list"] for o in candidates_v3(build_ir(presets.plain(128)), "sm_90"))
+    for on in (False, True):
+        monkeypatch.setattr(v3_grid, "TILE_LIST_MASKS", on)
+        base = plan_v3(ir, "sm_90")
+        assert base.tile_list == on and base.persistent
+        assert {**base.options, "tile_list": not on} in candidates_v3(ir, "sm_90")
+        assert not any(o["tile_list"] for o in candidates_v3(build_ir(presets.plain(128)), "sm_90"))
+        assert plan_v3(build_ir(presets.causal(128)), "sm_90", persistent=True).tile_list == on
+        assert not plan_v3(build_ir(presets.causal(128)), "sm_90").tile_list  # one CTA per tile
 
 
 @pytest.mark.nvcc
