@@ -8,8 +8,8 @@ alibi_causal, softcap, sliding_window
 persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
 option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``smem=BYTES`` launches with that much
 dynamic shared memory (the plan's layout, the rest unused: the L1 carve-out's cost); ``deal=lpt`` / ``deal=in_order``
-the tile list's dealing rule (plan option tile_list; attncompiler/runtime/tile_list.py); ``define=NAME`` (``define=A+B``: both) compiles the kernel with
-``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
+the tile list's dealing rule (plan option tile_list; attncompiler/runtime/tile_list.py); ``define=NAME``
+(``define=A+B``: both) compiles the kernel with ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
 N(N+1)/2; sliding window 1024: its band).  Triton's do_bench median over three rotated input sets.
 With ROUNDS > 1 every config is timed once per round, in order, and the median over the rounds is
 printed last (interleaving spreads clock and thermal drift over all configs: ratios between configs

@@ -34,3 +34,14 @@ def v3_gpu_spec(name: str, head_dim: int, dtype: str = "bf16", seqlen: int = 102
     if name == "alibi_causal":
         return presets.alibi(presets.alibi_slopes(heads), head_dim, dtype=dtype, causal=True)
     return presets.get_preset(name, head_dim=head_dim, dtype=dtype, num_heads=heads, seqlen=seqlen)
+
+
+def same_outputs(kern_a, kern_b, B: int, H: int, N: int, d: int, seed: int, dtype=torch.bfloat16,
+                 Nk: int | None = None, H_kv: int | None = None) -> bool:
+    """Whether two compiled kernels give bit-identical O and LSE on the same random q, k, v (drawn on the GPU from
+    ``seed``: q of (B, H, N, d), k and v of (B, H_kv or H, Nk or N, d))."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, N, d, device="cuda", generator=g).to(dtype)
+    k, v = (torch.randn(B, H_kv or H, Nk or N, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    a, b = kern_a(q, k, v, return_lse=True), kern_b(q, k, v, return_lse=True)
+    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

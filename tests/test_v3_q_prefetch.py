@@ -16,7 +16,7 @@ from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports
-from _v3 import GPU_PRESETS, needs_hopper, render_v3, v3_gpu_spec
+from _v3 import GPU_PRESETS, needs_hopper, render_v3, same_outputs, v3_gpu_spec
 
 TMA_STORE_PTX = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
 GRID = {"persistent": True, "tma_store_o": True}
@@ -135,13 +135,6 @@ def test_nvcc_q_prefetch(head_dim):
 _spec = functools.partial(v3_gpu_spec, seqlen=1023, heads=12)
 
 
-def _same(kern_a, kern_b, B: int, H: int, N: int, d: int, seed: int, dtype=torch.bfloat16) -> bool:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=g).to(dtype) for _ in range(3))
-    a, b = kern_a(q, k, v, return_lse=True), kern_b(q, k, v, return_lse=True)
-    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-
-
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("name", GPU_PRESETS)
@@ -162,7 +155,7 @@ def test_gpu_q_prefetch(name, head_dim):
         # CTAs per SM, which q_prefetch refuses)
         off = ac.compile(spec, "v3", **{**kern.plan.options, "q_prefetch": False})
         assert (off.plan.block_m, off.plan.block_n) == (kern.plan.block_m, kern.plan.block_n)
-        assert _same(kern, off, 4, 12, 1023, head_dim, seed=head_dim), name
+        assert same_outputs(kern, off, 4, 12, 1023, head_dim, seed=head_dim), name
 
 
 @pytest.mark.gpu
@@ -196,7 +189,8 @@ def test_gpu_q_prefetch_shapes():
     q, k, v = (torch.randn(4, 8, 1023, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o, lse = holes(q, k, v, return_lse=True)
     assert not torch.isnan(o).any() and (o[:, :, :700] == 0).all() and torch.isinf(lse[:, :, :700]).all()
-    assert _same(holes, ac.compile(ac.AttentionSpec(head_dim=128, mask_mod=mask), "v3", **GRID), 4, 8, 4096, 128, 7)
+    off = ac.compile(ac.AttentionSpec(head_dim=128, mask_mod=mask), "v3", **GRID)
+    assert same_outputs(holes, off, 4, 8, 4096, 128, 7)
 
 
 def test_autotuner_tries_q_prefetch():
