@@ -53,7 +53,7 @@ def test_plan_q_prefetch(monkeypatch):
     assert (base.producer_regs, p.producer_regs) == (PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH)
     assert (base.consumer_regs, p.consumer_regs) == (240, 232)  # the CTA's pool: 168 x 384 = 64512
     assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= register_pool(12, 1) == 64512
-    assert any("32*128 + 232*256 <= 64512, the CTA's registers" in r for r in p.reasons)
+    assert any("40*128 + 232*256 <= 64512, the CTA's registers" in r for r in p.reasons)
     assert any(r.startswith("Q a tile ahead (q_prefetch, forced)") for r in p.reasons)
     assert plan_v3(ir, "sm_90", **p.options) == p
     assert "by a producer warp" in p.describe()
@@ -105,7 +105,7 @@ def test_q_prefetch_turns_off_the_default_score_skip():
 def test_render_q_prefetch():
     src = _render(presets.plain(128), q_prefetch=True).source
     assert "static constexpr bool Q_PREFETCH = true;" in src
-    assert "static constexpr int PRODUCER_REGS = 32;" in src
+    assert "static constexpr int PRODUCER_REGS = 40;" in src
     assert "static constexpr bool Q_PREFETCH = false;" in _render(presets.plain(128)).source
 
 
@@ -114,8 +114,9 @@ def test_render_q_prefetch():
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_nvcc_q_prefetch(head_dim):
     """Plain, softcap, causal, sliding window and dropout compile for sm_90a with the producer warp's TMA stores
-    and Q copies, without serialized wgmmas; no spills but the sliding window's at d = 64 (a few, in the producer's
-    K/V loop: known, the option is off by default)."""
+    and Q copies, without serialized wgmmas and without spills (the producer's 40 registers; at 32 the window at
+    d = 64 spilled in the producer's K/V loop). With tile_list as well (the default for masks on this grid) causal
+    dropout at d = 64 (BLOCK_N 176) spills 8 B: known, q_prefetch is not its default."""
     specs = {"plain": presets.plain(head_dim), "softcap": presets.softcap(30.0, head_dim),
              "causal": presets.causal(head_dim), "sliding_window": presets.sliding_window(1024, head_dim),
              "dropout": ac.AttentionSpec(head_dim=head_dim, dropout_p=0.1, causal=True, name="dropout")}
@@ -125,8 +126,10 @@ def test_nvcc_q_prefetch(head_dim):
         assert TMA_STORE_PTX in ptx[name], name
         assert "cp.async.bulk.wait_group.read 0" in ptx[name] and "cp.async.bulk.wait_group 0" in ptx[name], name
         assert "C7520" not in rep.log, f"{name}: ptxas serialized the wgmma instructions"
-        if not (name == "sliding_window" and head_dim == 64):
+        if not (name == "dropout" and head_dim == 64):
             assert rep.spill_stores == 0 and rep.spill_loads == 0, f"{name}: spills\n{rep.log}"
+        else:
+            assert rep.spill_stores <= 8, f"{name}: spills\n{rep.log}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,6 +159,24 @@ def test_gpu_q_prefetch(name, head_dim):
         off = ac.compile(spec, "v3", **{**kern.plan.options, "q_prefetch": False})
         assert (off.plan.block_m, off.plan.block_n) == (kern.plan.block_m, kern.plan.block_n)
         assert same_outputs(kern, off, 4, 12, 1023, head_dim, seed=head_dim), name
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("window, head_dim", [(1024, 160), (256, 192), (1024, 96)])
+def test_gpu_q_prefetch_other_head_dims(window, head_dim):
+    """Forced where it is not the default: key tiles narrower than the query tile (d = 160 / 192, BLOCK_N 80 / 64:
+    each consumer warpgroup walks its own rows' blocks and takes empty GEMM turns for the others) and d = 96; the
+    error-ratio rule over several tiles per CTA, O and LSE bit-identical to the same plan without the option."""
+    from attncompiler.testing import check_kernel
+
+    spec = presets.sliding_window(window, head_dim)
+    kern = ac.compile(spec, "v3", q_prefetch=True, **GRID)
+    assert kern.plan.q_prefetch and (head_dim == 96 or kern.plan.block_n < kern.plan.block_m)
+    res = check_kernel(kern, 4, 12, 1023)
+    assert res.ok, f"window {window} d={head_dim}: {res}"
+    off = ac.compile(spec, "v3", **{**kern.plan.options, "q_prefetch": False})
+    assert same_outputs(kern, off, 4, 12, 1023, head_dim, seed=head_dim)
 
 
 @pytest.mark.gpu

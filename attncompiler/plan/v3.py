@@ -39,7 +39,7 @@ from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # 
 
 __all__ = [
     "V3Plan", "plan_v3", "register_pool", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS",
-    "PRODUCER_REGS", "PRODUCER_REGS_Q_PREFETCH", "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M",
+    "PRODUCER_REGS", "PRODUCER_REGS_Q_PREFETCH", "PRODUCER_REGS_Q_PREFETCH_MIN", "CONSUMER_REGS", "CONSUMER_REGS_BY_WGS", "SWIZZLE_BYTES", "SMEM_ALIGN_SLACK", "PREFERRED_BLOCK_M",
     "PREFERRED_BLOCK_N", "PREFERRED_BLOCK_N_DROPOUT", "CTAS_PER_SM_BY_WGS", "v3_smem_limit", "REG_SLACK_MULTI_CTA",
     "PREFERRED_BLOCK_N_SEPARABLE",
     "MIN_STAGES", "MAX_STAGES",
@@ -52,9 +52,13 @@ WGMMA_M = 64                 # rows of one wgmma (m64nNk16): the rows a consumer
 CONSUMER_WGS = 2             # two consumers: ping-pong (one softmax under the other's GEMMs)
 PRODUCER_REGS = 24           # setmaxnreg.dec: the TMA warpgroup needs only addresses and counters
 #: with q_prefetch the producer warpgroup's second warp runs the O stores and Q copies: at 24 registers ptxas
-#: spilled in the K/V loop of band masks (sliding window d128: 8 loads, 6 stores). The consumers give up what the
-#: producer takes (:func:`register_pool`): 32*128 + 232*256 = 63488 <= 64512 with two consumers.
-PRODUCER_REGS_Q_PREFETCH = 32
+#: spilled in the K/V loop of band masks (sliding window d128: 8 loads, 6 stores), at 32 still 16 B for the window at
+#: d = 64 with tile_list (its list pointer and slot bounds). The consumers give up what the producer takes
+#: (:func:`register_pool`): 40*128 + 232*256 = 64512, the whole pool of two consumers' CTA.
+PRODUCER_REGS_Q_PREFETCH = 40
+#: ... or this many where 40 would leave the consumers fewer registers than their estimate (three consumers at
+#: d = 64: (65536 - 40*128) / 384 -> 152 < the estimate 156; at 32 they keep 160)
+PRODUCER_REGS_Q_PREFETCH_MIN = 32
 CONSUMER_REGS = 240          # setmaxnreg.inc: 24*128 + 240*256 = 64512 <= 65536 registers per SM
 # block_m = 192 (plan option): three consumer warpgroups taking GEMM turns round robin, as FlashAttention-3
 # tiles d = 64; 24*128 + 160*384 = 64512 <= 65536, so each consumer gets 160 registers.
@@ -463,8 +467,12 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
     bn, smem, regs, st = chosen
     qpf, why_qpf = q_prefetch_choice(q_prefetch, o_tile, score_skip_asked=score_skip, d_padded=v3_padded(d, eb),
                                      dv_padded=v3_padded(dv, eb), ctas_per_sm=ctas, default_on=qpf_default)
-    producer_regs = PRODUCER_REGS_Q_PREFETCH if qpf and ctas == 1 else PRODUCER_REGS
     pool = register_pool(nw, ctas)
+    producer_regs = PRODUCER_REGS
+    if qpf and ctas == 1:
+        producer_regs = PRODUCER_REGS_Q_PREFETCH
+        if (pool - producer_regs * 128) // (128 * nc) // 8 * 8 < regs["total"]:
+            producer_regs = PRODUCER_REGS_Q_PREFETCH_MIN
     if producer_regs * 128 + consumer_regs * 128 * nc > pool:  # setmaxnreg.inc would wait forever
         consumer_regs = (pool - producer_regs * 128) // (128 * nc) // 8 * 8
         if regs["total"] > consumer_regs:

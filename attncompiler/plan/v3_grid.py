@@ -43,17 +43,16 @@ MIN_STAGES_WITH_O_TILE = 2
 #: q_prefetch on by default on the persistent grid of a band mask (9 key blocks per tile at window 1024, d = 128):
 #: same-call A/B on an H200 (2026-11-29, v3_sweep.py, bf16, N = 16k unless noted, TFLOP/s, off -> on): window 1024
 #: d128 486.1 -> 493.0, 472.8 -> 488.0, 471.7 -> 486.1; N = 4096 473.6 -> 482.8, 465.2 -> 472.2; d64 343.9 -> 350.2
-#: (docs/perf-notes.md, thirty-third and thirty-fourth sessions). Off until the full GPU suite has passed with it on:
-#: the one run with it and TILE_LIST_MASKS on (thirty-fourth session) did not finish within its 470 s (the suite
-#: takes ~400 s), and no device time was left to find out why.
-Q_PREFETCH_BANDS = False
+#: (docs/perf-notes.md, thirty-third and thirty-fourth sessions). The full GPU suite with it and TILE_LIST_MASKS on:
+#: 1123 passed, 1 skipped in 420 s (H200, 2026-11-29, thirty-fifth session).
+Q_PREFETCH_BANDS = True
 #: ... at these head dims (D = DV; the GPU-tested ones), and where BLOCK_N >= BLOCK_M (plan/v3.py)
 Q_PREFETCH_HEAD_DIMS = (64, 128)
 #: tile_list on by default on the persistent grid of a mask with a derivable K/V range (tiles of different lengths):
 #: same call, H200, 7 rounds, round robin -> list dealt in order: window 1024 d128 N = 16k 471.7 -> 484.4, N = 4096
 #: 462.2 -> 475.3, N = 2048 444.9 -> 464.7, d64 340.3 -> 337.2 (runtime/tile_list.py; thirty-fourth session).
-#: Off for now, as Q_PREFETCH_BANDS (the full GPU suite with it on did not finish in time).
-TILE_LIST_MASKS = False
+#: Both on: window d128 476.8 -> 487.1, N = 2048 442.6 -> 451.7, d64 339.3 -> 351.9 (same call, thirty-fourth session).
+TILE_LIST_MASKS = True
 
 
 def balanced_tiles(ir_or_dims: Any, block_m: int, block_n: int) -> tuple[bool, str]:
