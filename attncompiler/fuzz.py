@@ -70,8 +70,10 @@ DECODE_OPTION_SETS: tuple[dict[str, Any], ...] = (
 #: ``q_prescale``, which rounds ``c q`` to bf16 and so computes the attention of a perturbed q; its LSE then
 #: misses check_kernel's bound by design (fuzz seeds 5, 22, 100045, 100160, 100201 on an H100, 2026-11-27), and
 #: tests/test_gpu_qscale.py checks it against the attention of that q instead.
-#: Nor ``q_prefetch`` (opt-in, tests/test_v3_q_prefetch.py): a new set moves every seed's draw, and the fixed GPU
-#: seeds of tests/test_gpu_fuzz.py must then reach every set again (test_gpu_fuzz_seeds_reach_every_option_set).
+#: Nor ``q_prefetch`` or ``tile_list`` as sets of their own (tests/test_v3_q_prefetch.py, test_v3_tile_list.py): a
+#: new set moves every seed's draw, and the fixed GPU seeds of tests/test_gpu_fuzz.py must then reach every set again
+#: (test_gpu_fuzz_seeds_reach_every_option_set). Both are on by default where the plan qualifies (a band, a mask with
+#: a K/V range on the persistent grid: plan/v3_grid.py), so the sets with ``persistent`` draw them.
 V3_OPTION_SETS: tuple[dict[str, Any], ...] = (
     {}, {}, {"persistent": True}, {"block_m": 64}, {"block_m": 192}, {"kv_descending": True},
     {"exp2_poly": 3}, {"block_n": 64, "stages": 2}, {"persistent": True, "block_m": 192}, {"late_pv_wait": True},

@@ -72,19 +72,29 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
             ph["  1/l, LSE"].append((t["epi_scale"] - t["pv"]) * us)
             if t["epi_sts"]:  # the staged epilogue
                 ph["  O to smem"].append((t["epi_sts"] - t["epi_scale"]) * us)
+            if t["epi_sts"] and t["epi_bar"]:  # (q_prefetch: a producer warp stores O, after these marks)
                 ph["  barrier"].append((t["epi_bar"] - t["epi_sts"]) * us)
                 ph["  O to global"].append((t["epi0"] - t["epi_bar"]) * us)
         ph["epi1 - epi0"].append((t["epi1"] - t["epi0"]) * us)
         ph["blocks"].append(float(t["blocks"]))
     if plan.persistent:
-        # tiles c, c + grid, ... run on CTA c in turn: "boundary" is from a tile's main loop done to the next tile's
-        # first softmax done (its last P V, epilogue, the next Q, S_0 and softmax; carried tiles overlap them)
-        grid = min(len(tiles), torch.cuda.get_device_properties(0).multi_processor_count * plan.ctas_per_sm)
+        # each CTA runs its tiles in turn (the round robin c, c + grid, ..., or the host's tile list): "boundary" is
+        # from a tile's main loop done to the CTA's next tile's first softmax done (its last P V, epilogue, the next
+        # Q, S_0 and softmax)
+        from attncompiler.runtime import tile_list as tl
+
+        grid = min(len(rows), torch.cuda.get_device_properties(0).multi_processor_count * plan.ctas_per_sm)
+        if plan.tile_list:
+            costs = tl.tile_costs(ks.launch_info, n, nk, 1, H, plan.block_m, plan.block_n, plan.tiles_by_head)
+            runs = tl.DEALS[tl.DEAL](costs, grid)
+        else:
+            runs = tl.round_robin(len(rows), grid)
         by_tile = {i: dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for i, r in enumerate(rows)}
-        for i, t in by_tile.items():
-            nxt = by_tile.get(i + grid)
-            if nxt is not None and t["loop"] and nxt["softmax0"]:
-                ph["boundary"].append((nxt["softmax0"] - t["loop"]) * us)
+        for run in runs:
+            for i, nxt_i in zip(run, run[1:]):
+                t, nxt = by_tile.get(i), by_tile.get(nxt_i)
+                if t is not None and nxt is not None and t["loop"] and nxt["softmax0"]:
+                    ph["boundary"].append((nxt["softmax0"] - t["loop"]) * us)
     if not plan.persistent:
         by_sm: dict[int, list[dict[str, int]]] = {}
         for t in tiles:

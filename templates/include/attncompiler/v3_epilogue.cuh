@@ -250,7 +250,16 @@ __device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& m
     int q_block, bh;
     v3_tile<kPersistent, kTileByHead, Cfg::TILE_LIST>(tile, num_qb, p, q_block, bh, tile_list);
     const int b = bh / p.H, h = bh % p.H;
+#ifdef AC_V3_STORE_WARP_SLEEP  // timing only: poll the barrier with a 256 ns back-off (does the poll take issue slots?)
+    for (unsigned int done = 0;;) {
+      asm volatile("{\n.reg .pred d;\nmbarrier.test_wait.parity.shared::cta.b64 d, [%1], %2;\nselp.u32 %0, 1, 0, d;\n}"
+                   : "=r"(done) : "r"(qb.staged(it)), "r"(qb.parity(it)) : "memory");
+      if (done) break;
+      __nanosleep(256);
+    }
+#else
     mbar_wait(qb.staged(it), qb.parity(it));  // every consumer thread staged its rows of O / l
+#endif
 #ifndef AC_V3_NO_O_STORE
 #pragma unroll
     for (int w = 0; w < NC; ++w) {
