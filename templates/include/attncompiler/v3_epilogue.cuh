@@ -257,6 +257,9 @@ __device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& m
       if (done) break;
       __nanosleep(256);
     }
+#elif defined(AC_V3_STORE_WARP_HINT)  // timing only: try_wait with a suspend-time hint (sleep until the phase)
+    asm volatile("{\n.reg .pred d;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1, 1000000;\n"
+                 "@!d bra WAIT_%=;\n}" ::"r"(qb.staged(it)), "r"(qb.parity(it)) : "memory");
 #else
     mbar_wait(qb.staged(it), qb.parity(it));  // every consumer thread staged its rows of O / l
 #endif
