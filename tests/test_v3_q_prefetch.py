@@ -12,7 +12,8 @@ import torch
 import attncompiler as ac
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError
-from attncompiler.plan.v3 import PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, plan_v3, register_pool, v3_smem_bytes
+from attncompiler.plan.v3 import (PRODUCER_REGS, PRODUCER_REGS_Q_PREFETCH, PRODUCER_REGS_Q_PREFETCH_MIN, plan_v3,
+                                  register_pool, v3_smem_bytes)
 from attncompiler.spec import presets
 
 from _nvcc import ptx_and_reports
@@ -54,6 +55,8 @@ def test_plan_q_prefetch(monkeypatch):
     assert (base.consumer_regs, p.consumer_regs) == (240, 232)  # the CTA's pool: 168 x 384 = 64512
     assert p.producer_regs * 128 + p.consumer_regs * 128 * p.consumers <= register_pool(12, 1) == 64512
     assert any("40*128 + 232*256 <= 64512, the CTA's registers" in r for r in p.reasons)
+    three = plan_v3(build_ir(presets.plain(64)), "sm_90", q_prefetch=True, **GRID)  # 40 would leave them 152 < 156
+    assert (three.consumers, three.producer_regs, three.consumer_regs) == (3, PRODUCER_REGS_Q_PREFETCH_MIN, 160)
     assert any(r.startswith("Q a tile ahead (q_prefetch, forced)") for r in p.reasons)
     assert plan_v3(ir, "sm_90", **p.options) == p
     assert "by a producer warp" in p.describe()
