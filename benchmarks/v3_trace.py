@@ -27,7 +27,7 @@ import torch
 from _results import option_value
 
 SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue", "epi_scale",
-         "epi_sts", "epi_bar")
+         "epi_sts", "epi_bar", "cta")
 
 
 def _median(xs: list[float]) -> float:
@@ -78,23 +78,17 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
         ph["epi1 - epi0"].append((t["epi1"] - t["epi0"]) * us)
         ph["blocks"].append(float(t["blocks"]))
     if plan.persistent:
-        # each CTA runs its tiles in turn (the round robin c, c + grid, ..., or the host's tile list): "boundary" is
-        # from a tile's main loop done to the CTA's next tile's first softmax done (its last P V, epilogue, the next
-        # Q, S_0 and softmax)
-        from attncompiler.runtime import tile_list as tl
-
-        grid = min(len(rows), torch.cuda.get_device_properties(0).multi_processor_count * plan.ctas_per_sm)
-        if plan.tile_list:
-            costs = tl.tile_costs(ks.launch_info, n, nk, 1, H, plan.block_m, plan.block_n, plan.tiles_by_head)
-            runs = tl.DEALS[tl.DEAL](costs, grid)
-        else:
-            runs = tl.round_robin(len(rows), grid)
-        by_tile = {i: dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for i, r in enumerate(rows)}
-        for run in runs:
-            for i, nxt_i in zip(run, run[1:]):
-                t, nxt = by_tile.get(i), by_tile.get(nxt_i)
-                if t is not None and nxt is not None and t["loop"] and nxt["softmax0"]:
-                    ph["boundary"].append((nxt["softmax0"] - t["loop"]) * us)
+        # each CTA runs its tiles in turn (the round robin or the host's tile list): a CTA's tiles (slot "cta") in
+        # the order their first softmax finished are its run. "boundary" is from a tile's main loop done to
+        # the next tile's first softmax done (its last P V, epilogue, the next Q, S_0 and softmax)
+        runs: dict[int, list[dict[str, int]]] = {}
+        for t in tiles:
+            if t["loop"] and t["softmax0"]:
+                runs.setdefault(t["cta"], []).append(t)
+        for run in runs.values():
+            run.sort(key=lambda t: t["softmax0"])
+            for t, nxt in zip(run, run[1:]):
+                ph["boundary"].append((nxt["softmax0"] - t["loop"]) * us)
     if not plan.persistent:
         by_sm: dict[int, list[dict[str, int]]] = {}
         for t in tiles:

@@ -300,6 +300,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     }
     if constexpr (Cfg::Q_PRESCALE) v3_scale_q<Cfg>(sQt, wg, Variant::score_q_scale(b, h, p, buf));
     AC_TRACE(AC_TRACE_TILE(tile), kTraceQ, threadIdx.x == 128);
+    AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceCta, threadIdx.x == 128, blockIdx.x + 1u);
 #ifdef AC_V3_TRACE
     int trace_blocks = 0;
 #endif

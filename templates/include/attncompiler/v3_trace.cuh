@@ -36,8 +36,9 @@ __device__ __forceinline__ int v3_trace_tile(int tile) {
 // Trace slots (AC_V3_TRACE): 0 SM id, 1 CTA start, 2 Q landed (consumer 0), 3 first S done, 4 first
 // softmax done, 5 main loop done, 6 last P V done, 7 consumer 0 epilogue done, 8 consumer 1 epilogue
 // done, 9 visited K/V blocks, 10 producer issued the tile's first copy; inside consumer 0's
-// epilogue: 11 LSE and 1/l done, 12 staged O written to shared memory, 13 past the warpgroup barrier.
+// epilogue: 11 LSE and 1/l done, 12 staged O written to shared memory, 13 past the warpgroup barrier; 14 the CTA
+// (blockIdx.x) that ran the tile, plus one (0: unset).
 enum : int { kTraceSm = 0, kTraceStart, kTraceQ, kTraceS0, kTraceSoftmax0, kTraceLoop, kTracePv, kTraceEpi0,
-             kTraceEpi1, kTraceBlocks, kTraceIssue, kTraceEpiScale, kTraceEpiSts, kTraceEpiBar };
+             kTraceEpi1, kTraceBlocks, kTraceIssue, kTraceEpiScale, kTraceEpiSts, kTraceEpiBar, kTraceCta };
 
 }  // namespace ac
