@@ -219,10 +219,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     mbar_arrive(empty_v(s));
     turn_wait();
     turn_grant();
-    if (++s == STAGES) {
-      s = 0;
-      phase ^= 1u;
-    }
+    ring_advance<STAGES>(s, phase);
   };
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
@@ -346,10 +343,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       int s_prev = s;
       unsigned int phase_prev = phase;
       int part_prev = part;
-      if (++s == STAGES) {
-        s = 0;
-        phase ^= 1u;
-      }
+      ring_advance<STAGES>(s, phase);
       j = j_next;
       part = part_next;
       while (walk.valid(j) && in_wg(j)) {
@@ -403,10 +397,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         s_prev = s;
         phase_prev = phase;
         part_prev = part;
-        if (++s == STAGES) {
-          s = 0;
-          phase ^= 1u;
-        }
+        ring_advance<STAGES>(s, phase);
         j = j_next;
         part = part_next;
 #ifdef AC_V3_TRACE

@@ -104,10 +104,7 @@ __device__ __forceinline__ void v3_load_warp(const AttnParams& p, const AttnBuff
       j_prev = j;
       s_prev = s;
       phase_prev = phase;
-      if (++s == STAGES) {
-        s = 0;
-        phase ^= 1u;
-      }
+      ring_advance<STAGES>(s, phase);
     }
     if (j_prev >= 0) load_v(j_prev, rows, h_kv, s_prev, phase_prev, i - 1);
   }

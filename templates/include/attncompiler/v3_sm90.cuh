@@ -47,6 +47,15 @@ __device__ __forceinline__ void mbar_wait(unsigned int bar, unsigned int parity)
       : "memory");
 }
 
+// A ring of kStages stages read in turn: the next stage, and the phase parity flips each time the ring wraps.
+template <int kStages>
+__device__ __forceinline__ void ring_advance(int& stage, unsigned int& phase) {
+  if (++stage == kStages) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
 // ---- TMA -----------------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* desc) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(desc)) : "memory");
