@@ -16,13 +16,12 @@ from .ir.types import AttentionIR
 from .plan.model import Plan
 from .plan.planner import check_plan_options, choose_auto
 from .plan.targets import Target, detect_target, get_target
-from .runtime.compiler import LoadedKernel, compile_kernel
+from .runtime.compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
 from .runtime.launch import InputError, check_inputs, check_out, launch, pack_params, prepare_buffers
 from .spec.spec import AttentionSpec
 
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
 
-_MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 @dataclass(eq=False)
@@ -83,11 +82,7 @@ class CompiledAttention:
                         f"(cuda:{idx}); compile the spec for that device"
                     )
                 k = compile_kernel(self.source, self.kernel_source.arch, idx, self.kernel_source.entry)
-                if self.kernel_source.smem_bytes > 48 * 1024:
-                    from cupy.cuda import Device, driver
-
-                    with Device(idx):
-                        driver.funcSetAttribute(k.ptr, _MAX_DYNAMIC_SMEM_ATTR, self.kernel_source.smem_bytes)
+                allow_dynamic_smem(k.ptr, self.kernel_source.smem_bytes, idx)
                 self._loaded[idx] = k
             return k
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from attncompiler.codegen.render import render_source
 from attncompiler.ir.types import AttentionIR
-from attncompiler.runtime.compiler import compile_kernel
+from attncompiler.runtime.compiler import allow_dynamic_smem, compile_kernel
 from attncompiler.runtime.launch import AttnInputs, launch, pack_params
 from attncompiler.runtime.params import PARAM_FIELDS, c_struct
 
@@ -94,8 +94,7 @@ def prewarm(sources: list[str], arch: str) -> None:
 def build(src: str, smem: int):
     t0 = time.time()
     k = compile_kernel(src, "sm_%d%d" % torch.cuda.get_device_capability(), torch.cuda.current_device())
-    from cupy.cuda import driver
-    driver.funcSetAttribute(k.ptr, 8, smem)
+    allow_dynamic_smem(k.ptr, smem, torch.cuda.current_device())
     return k, time.time() - t0
 
 

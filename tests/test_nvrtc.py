@@ -59,3 +59,36 @@ def test_offline_check_catches_what_only_nvrtc_refuses() -> None:
         compile_with_nvcc(_NVCC_ONLY, "sm_80")
     fixed = _NVCC_ONLY.replace("auto& x", "float& x")
     assert compile_with_nvcc(fixed, "sm_90a").nvrtc_checked is True
+
+
+class _FakeDevice:
+    """Stands in for cupy.cuda.Device: records the device a call was made under."""
+
+    current: list[int] = []
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __enter__(self) -> None:
+        _FakeDevice.current.append(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        _FakeDevice.current.pop()
+
+
+@pytest.mark.parametrize("nbytes, expect_call", [(0, False), (48 * 1024, False), (48 * 1024 + 16, True),
+                                                 (232448, True)])
+def test_allow_dynamic_smem_opts_in_above_48k(monkeypatch: pytest.MonkeyPatch, nbytes: int, expect_call: bool) -> None:
+    cupy_cuda = pytest.importorskip("cupy.cuda")
+    from attncompiler.runtime import compiler
+
+    calls: list[tuple[int, int, int, list[int]]] = []
+    monkeypatch.setattr(cupy_cuda, "Device", _FakeDevice)
+    monkeypatch.setattr(cupy_cuda.driver, "funcSetAttribute",
+                        lambda ptr, attr, value: calls.append((ptr, attr, value, list(_FakeDevice.current))))
+    compiler.allow_dynamic_smem(0x1234, nbytes, 3)
+    if expect_call:
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is 8 in the driver's enum; set under the kernel's device
+        assert calls == [(0x1234, 8, nbytes, [3])]
+    else:
+        assert calls == []

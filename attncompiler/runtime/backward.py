@@ -22,7 +22,7 @@ from ..ir.types import AttentionIR
 from ..plan.model import PlanError
 from ..plan.targets import Target
 from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_auto_refusal, v3_bwd_refusal
-from .compiler import LoadedKernel, compile_functions
+from .compiler import LoadedKernel, allow_dynamic_smem, compile_functions
 from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .tma import tma_layout_error
@@ -32,7 +32,6 @@ __all__ = ["bwd_source", "load_bwd", "bwd_params", "launch_bwd", "run_backward",
 
 BWD_SCHEDULES = ("auto", "v2", "v3")
 
-_MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _lock = threading.Lock()
 _sources: dict[tuple, BwdKernelSource | V3BwdKernelSource] = {}
 _loaded: dict[tuple, dict[str, LoadedKernel]] = {}
@@ -80,12 +79,8 @@ def load_bwd(src: BwdKernelSource | V3BwdKernelSource, device: int) -> dict[str,
     if hit is not None:
         return hit
     fns = compile_functions(src.source, src.arch, device, src.entries)
-    from cupy.cuda import Device, driver
-
-    with Device(device):
-        for e, k in fns.items():
-            if src.smem(e) > 48 * 1024:
-                driver.funcSetAttribute(k.ptr, _MAX_DYNAMIC_SMEM_ATTR, src.smem(e))
+    for e, k in fns.items():
+        allow_dynamic_smem(k.ptr, src.smem(e), device)
     with _lock:
         _loaded[key] = fns
     return fns

@@ -25,9 +25,13 @@ from pathlib import Path
 from .. import env
 
 __all__ = ["CompileError", "LoadedKernel", "NvccReport", "compile_kernel", "compile_functions", "compile_with_nvcc",
-           "nvrtc_options", "nvrtc_unavailable", "compile_stats", "precompile_to_disk"]
+           "nvrtc_options", "nvrtc_unavailable", "compile_stats", "precompile_to_disk", "allow_dynamic_smem",
+           "DEFAULT_DYNAMIC_SMEM"]
 
 _NVRTC_FLAGS = ("-std=c++17", "-DNDEBUG")
+#: bytes of dynamic shared memory a kernel may launch with before it must opt in (every sm_70+ GPU)
+DEFAULT_DYNAMIC_SMEM = 48 * 1024
+_MAX_DYNAMIC_SMEM_ATTR = 8  # the driver's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 class CompileError(RuntimeError):
@@ -278,3 +282,15 @@ def compile_with_nvcc(source: str, arch: str, *, extra: tuple[str, ...] = (), nv
         if checked:
             _nvrtc_cubin(source, arch, "kernel")  # raises CompileError with NVRTC's log
         return NvccReport(arch, regs, st, ld, stack, smem, dt, log, out.read_bytes(), checked)
+
+
+def allow_dynamic_smem(func_ptr: int, nbytes: int, device: int) -> None:
+    """Let the loaded function ``func_ptr`` launch with ``nbytes`` of dynamic shared memory on ``device``: above
+    :data:`DEFAULT_DYNAMIC_SMEM` the driver needs the opt-in attribute first (cuFuncSetAttribute); below it there is
+    nothing to do."""
+    if nbytes <= DEFAULT_DYNAMIC_SMEM:
+        return
+    from cupy.cuda import Device, driver
+
+    with Device(device):
+        driver.funcSetAttribute(func_ptr, _MAX_DYNAMIC_SMEM_ATTR, nbytes)

@@ -36,7 +36,7 @@ from ..codegen.schedule import KernelSource, get_schedule
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from ..plan.v3_grid import without_persistent_grid
-from .compiler import LoadedKernel, compile_kernel
+from .compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
 from .launch import AttnInputs, InputError, check_index_limit, check_out, launch, pack_params, prepare_buffers
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ __all__ = ["VarlenInputs", "check_varlen", "varlen_fwd_source", "run_varlen_forw
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _MAX_GRID_Y = 65535
-_MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _lock = threading.Lock()
 
 
@@ -252,11 +251,7 @@ def _load(ks: KernelSource, device: int) -> LoadedKernel:
         hit = _loaded.get(key)
     if hit is None:
         hit = compile_kernel(ks.source, ks.arch, device, ks.entry)
-        if ks.smem_bytes > 48 * 1024:
-            from cupy.cuda import Device, driver
-
-            with Device(device):
-                driver.funcSetAttribute(hit.ptr, _MAX_DYNAMIC_SMEM_ATTR, ks.smem_bytes)
+        allow_dynamic_smem(hit.ptr, ks.smem_bytes, device)
         with _lock:
             hit = _loaded.setdefault(key, hit)
     return hit
