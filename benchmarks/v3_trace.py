@@ -16,7 +16,10 @@ warm-up, and the per-tile timestamps are summarized (medians over tiles, microse
   gap         per SM, the next CTA's start minus this CTA's end (non-persistent: the launch of the
               next CTA in the same slot)
 
-Only the traced build runs here: the timer reads add a few instructions per tile, not per block.
+Only the traced build runs here: the timer reads add a few instructions per tile, not per block. They can still
+move ptxas's schedule: with ``q_prefetch`` plain d128 at Nk = 1152 traced 2.22 us per block (span 343 us) against
+1.44 without the option, while untraced the option ran faster (634 vs 603 TFLOP/s, ``qpf_cross.py``; thirty-sixth
+session). Compare a traced figure with the untraced kernel's time (``launch_gaps.py``) before reading much into it.
 """
 from __future__ import annotations
 

@@ -107,14 +107,16 @@ class V3Schedule:
         """Launch with the third by-value argument ``struct V3Maps``: TMA maps of q (boxes of BLOCK_M
         rows), k and v (BLOCK_N rows), built from the packed pointers and strides; with ``tma_store_o``
         ``struct V3MapsO``, o's map too (boxes of 64 rows: one consumer warpgroup's)."""
-        from ..runtime.compiler import compile_kernel
+        from ..runtime.compiler import allow_dynamic_smem, compile_kernel
         from ..runtime.launch import launch_structs
         from ..runtime.tma import attn_maps
 
         idx = device.index if device.index is not None else torch.cuda.current_device()
         fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
         if fn is None:
-            fn = _loaded.setdefault((ks, idx), compile_kernel(ks.source, ks.arch, idx, ks.entry))
+            fn = compile_kernel(ks.source, ks.arch, idx, ks.entry)
+            allow_dynamic_smem(fn.ptr, ks.smem_bytes, idx)  # (set here too, not only by the caller's build)
+            fn = _loaded.setdefault((ks, idx), fn)
         maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n,
                          with_o=ks.plan.tma_store_o)
         grid = self.grid(ks, dims, _sm_count(idx) if ks.plan.persistent else None)
