@@ -15,6 +15,8 @@ warm-up, and the per-tile timestamps are summarized (medians over tiles, microse
   epilogue    consumer 0's O / LSE stores; "epi1 - epi0": how much later consumer 1 finishes
   gap         per SM, the next CTA's start minus this CTA's end (non-persistent: the launch of the
               next CTA in the same slot)
+  boundary    persistent grid: a tile's main loop done to its CTA's next tile's first softmax done (the last
+              P V, the epilogue, the next Q, S_0 and softmax; the CTA of each tile is a trace slot)
 
 Only the traced build runs here: the timer reads add a few instructions per tile, not per block. They can still
 move ptxas's schedule: with ``q_prefetch`` plain d128 at Nk = 1152 traced 2.22 us per block (span 343 us) against
@@ -29,8 +31,7 @@ import sys
 import torch
 from _results import option_value
 
-SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue", "epi_scale",
-         "epi_sts", "epi_bar", "cta")
+from attncompiler.bench.v3trace import SLOTS, tile_boundaries
 
 
 def _median(xs: list[float]) -> float:
@@ -80,18 +81,8 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
                 ph["  O to global"].append((t["epi0"] - t["epi_bar"]) * us)
         ph["epi1 - epi0"].append((t["epi1"] - t["epi0"]) * us)
         ph["blocks"].append(float(t["blocks"]))
-    if plan.persistent:
-        # each CTA runs its tiles in turn (the round robin or the host's tile list): a CTA's tiles (slot "cta") in
-        # the order their first softmax finished are its run. "boundary" is from a tile's main loop done to
-        # the next tile's first softmax done (its last P V, epilogue, the next Q, S_0 and softmax)
-        runs: dict[int, list[dict[str, int]]] = {}
-        for t in tiles:
-            if t["loop"] and t["softmax0"]:
-                runs.setdefault(t["cta"], []).append(t)
-        for run in runs.values():
-            run.sort(key=lambda t: t["softmax0"])
-            for t, nxt in zip(run, run[1:]):
-                ph["boundary"].append((nxt["softmax0"] - t["loop"]) * us)
+    if plan.persistent:  # a tile's main loop done to its CTA's next tile's first softmax done
+        ph["boundary"] = [b * us for b in tile_boundaries(tiles)]
     if not plan.persistent:
         by_sm: dict[int, list[dict[str, int]]] = {}
         for t in tiles:

@@ -472,3 +472,32 @@ def test_memory_section_oom_stops_that_impl() -> None:
                       probe, lambda **r: rows.append(r))
     st = {(r["impl"], r["N"]): r["status"] for r in rows}
     assert st[("sdpa_math", 4096)] == "oom" and st[("sdpa_math", 8192)] == "skipped" and st[("v2", 8192)] == "ok"
+
+
+def test_v3_trace_boundaries_follow_each_ctas_own_tiles() -> None:
+    """The tracer's tile boundary pairs a tile with the next tile its own CTA ran (the trace's ``cta`` slot, in the
+    order of their first softmax), whatever the tile numbers; tiles without a CTA or without K/V blocks drop out."""
+    from attncompiler.bench.v3trace import SLOTS, tile_boundaries
+
+    def tile(cta: int, softmax0: int, loop: int) -> dict[str, int]:
+        row = dict.fromkeys(SLOTS, 0)
+        row.update(cta=cta, softmax0=softmax0, loop=loop)
+        return row
+
+    tiles = [tile(2, 500, 900), tile(1, 100, 400), tile(2, 100, 450), tile(1, 430, 800), tile(1, 820, 1200),
+             tile(0, 50, 60),   # no CTA recorded: left out
+             tile(2, 0, 0)]     # no K/V block visited: left out
+    # CTA 1 ran softmax0 100 -> 430 -> 820, CTA 2 ran 100 -> 500
+    assert sorted(tile_boundaries(tiles)) == sorted([430 - 400, 820 - 800, 500 - 450])
+    assert tile_boundaries([tile(1, 100, 400)]) == []
+    # the names follow v3_trace.cuh's slot enum, one for one
+    import re
+
+    from attncompiler.bench.v3trace import SLOT_BLOCKS
+    from attncompiler.codegen.render import templates_dir
+
+    header = (templates_dir() / "include" / "attncompiler" / "v3_trace.cuh").read_text()
+    enum = re.search(r"enum : int \{([^}]*)\}", header).group(1)
+    names = [n.strip().split("=")[0].strip() for n in enum.split(",") if n.strip()]
+    assert len(names) == len(SLOTS) and names.index("kTraceCta") == SLOTS.index("cta")
+    assert names.index("kTraceBlocks") == SLOTS.index("blocks") == SLOT_BLOCKS

@@ -11,10 +11,29 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["run_traced", "TRACE_TILES", "SLOT_BLOCKS"]
+__all__ = ["run_traced", "TRACE_TILES", "SLOT_BLOCKS", "SLOTS", "tile_boundaries"]
 
 TRACE_TILES = 8192   # AC_V3_TRACE_TILES: tiles past it are not recorded
 SLOT_BLOCKS = 9      # kTraceBlocks: K/V blocks consumer 0 visited
+#: the slot names of a trace row, in v3_trace.cuh's order (kTraceSm ... kTraceCta)
+SLOTS = ("sm", "start", "q", "s0", "softmax0", "loop", "pv", "epi0", "epi1", "blocks", "issue", "epi_scale",
+         "epi_sts", "epi_bar", "cta")
+
+
+def tile_boundaries(tiles: list[dict[str, int]]) -> list[int]:
+    """The persistent grid's tile boundaries, in timer ticks: for each CTA (slot ``cta``, the CTA plus one; 0 where
+    the traced build did not record it), its tiles in the order their first softmax finished, and from each tile's
+    main loop done (``loop``) to the next tile's first softmax done (``softmax0``). Tiles without those marks (no
+    K/V block) are left out."""
+    runs: dict[int, list[dict[str, int]]] = {}
+    for t in tiles:
+        if t.get("cta") and t.get("loop") and t.get("softmax0"):
+            runs.setdefault(t["cta"], []).append(t)
+    out: list[int] = []
+    for run in runs.values():
+        run.sort(key=lambda t: t["softmax0"])
+        out += [nxt["softmax0"] - t["loop"] for t, nxt in zip(run, run[1:])]
+    return out
 
 
 def run_traced(kern: Any, q: Any, k: Any, v: Any, *, defines: tuple[str, ...] = (), warmup: int = 1,
