@@ -23,7 +23,6 @@ from .spec.spec import AttentionSpec
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
 
 
-
 @dataclass(eq=False)
 class CompiledAttention:
     """A compiled attention variant.  Call it as ``kernel(q, k, v)``.
