@@ -16,6 +16,7 @@ from .ir.types import AttentionIR
 from .plan.model import Plan
 from .plan.planner import check_plan_options, choose_auto
 from .plan.targets import Target, detect_target, get_target
+from .runtime import spills as _spills
 from .runtime.compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
 from .runtime.launch import InputError, check_inputs, check_out, launch, pack_params, prepare_buffers
 from .spec.spec import AttentionSpec
@@ -389,7 +390,9 @@ def compile(
     used when one exists: the one tuned for ``seqlen_hint``'s bucket (the query length the kernel
     will mostly see), else the nearest tuned bucket (``seqlen_hint`` None: the largest); otherwise
     the model's choice.  Any tuned plan is correct at every length -- the hint only picks the
-    fastest.  ``build`` compiles eagerly (default: when ``target`` is the current GPU).  Kernels
+    fastest.  ``build`` compiles eagerly (default: when ``target`` is the current GPU); with
+    :data:`attncompiler.runtime.spills.SPILL_REPLAN` (off for now) a v3 kernel it builds whose machine code spills
+    is planned again at a narrower BLOCK_N (the reason first in ``.plan.reasons``).  Kernels
     are cached by the IR's structure, schedule, plan and target: compiling an equal spec again
     compiles nothing.
     """
@@ -424,6 +427,7 @@ def compile(
                                 f"({found.path or 'in memory'})")
                 auto_reasons = (f"without a tuned plan: {choice.reason}",)
     sched: Schedule = get_schedule(name)
+    do_build = build if build is not None else (target is None)
     key = (ir_key, name, tgt.name, tuple(sorted(plan_options.items())), schedule == "auto")
     with _cache_lock:
         hit = _compiled.get(key)
@@ -442,6 +446,11 @@ def compile(
         if reasons:
             plan = dataclasses.replace(plan, reasons=(*reasons, *plan.reasons))
         ks = sched.render(ir, plan, tgt)
+        if do_build and name == "v3" and _spills.SPILL_REPLAN:  # checked where it is compiled anyway
+            better = _spills.replan_spilling(sched, ir, tgt, plan_options, plan, ks)
+            if better is not None:
+                plan = dataclasses.replace(better, reasons=(*reasons, *better.reasons))
+                ks = sched.render(ir, plan, tgt)
         hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values), auto_decode=schedule == "auto")
         with _cache_lock:
             hit = _compiled.setdefault(key, hit)
@@ -449,7 +458,6 @@ def compile(
     else:  # same code; this spec's own scale, dropout and buffer values
         compiled = CompiledAttention(spec, ir, hit.schedule, tgt, hit.kernel_source, dict(traced.buffer_values),
                                      hit._loaded, hit._lock, auto_decode=schedule == "auto")
-    do_build = build if build is not None else (target is None)
     if do_build:
         compiled.build()
     return compiled

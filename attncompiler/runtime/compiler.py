@@ -26,7 +26,7 @@ from .. import env
 
 __all__ = ["CompileError", "LoadedKernel", "NvccReport", "compile_kernel", "compile_functions", "compile_with_nvcc",
            "nvrtc_options", "nvrtc_unavailable", "compile_stats", "precompile_to_disk", "allow_dynamic_smem",
-           "DEFAULT_DYNAMIC_SMEM"]
+           "DEFAULT_DYNAMIC_SMEM", "PtxasReport", "ptxas_report"]
 
 _NVRTC_FLAGS = ("-std=c++17", "-DNDEBUG")
 #: bytes of dynamic shared memory a kernel may launch with before it must opt in (every sm_70+ GPU)
@@ -56,6 +56,8 @@ class LoadedKernel:
 
 _lock = threading.Lock()
 _memory: dict[tuple[str, str, int, str], LoadedKernel] = {}
+# cubins that ptxas_report built, by (source digest, arch): compile_kernel takes them instead of compiling again
+_cubins: dict[tuple[str, str], bytes] = {}
 _stats = {"nvrtc_compiles": 0, "disk_hits": 0, "memory_hits": 0}
 
 
@@ -92,10 +94,11 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
     return (*_NVRTC_FLAGS, f"--gpu-architecture={arch}", *(f"-I{d}" for d in _cuda_include_dirs()))
 
 
-def _nvrtc_cubin(source: str, arch: str, name: str) -> tuple[bytes, str]:
+def _nvrtc_cubin(source: str, arch: str, name: str, *, verbose: bool = False) -> tuple[bytes, str]:
+    """NVRTC's cubin and log; ``verbose``: with ptxas's resource report in the log (the cubin is the same)."""
     from cupy_backends.cuda.libs import nvrtc  # lazy: CuPy is only needed to run on a GPU
 
-    opts = nvrtc_options(arch)
+    opts = (*nvrtc_options(arch), "--ptxas-options=-v") if verbose else nvrtc_options(arch)
     prog = nvrtc.createProgram(source, f"{name}.cu", (), ())
     try:
         try:
@@ -163,8 +166,11 @@ def compile_kernel(source: str, arch: str, device: int, entry: str = "attn_fwd")
                 _stats["disk_hits"] += 1
         from_disk = cubin is not None
         if cubin is None:
+            cubin = _cubins.pop((digest, arch), None)  # built by ptxas_report (the same source and options)
+        if cubin is None:
             cubin, _log = _nvrtc_cubin(source, arch, entry)
             _stats["nvrtc_compiles"] += 1
+        if not from_disk:
             if path is not None:
                 _atomic_write(path, cubin)
         with Device(device):
@@ -294,3 +300,43 @@ def allow_dynamic_smem(func_ptr: int, nbytes: int, device: int) -> None:
 
     with Device(device):
         driver.funcSetAttribute(func_ptr, _MAX_DYNAMIC_SMEM_ATTR, nbytes)
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """ptxas's resource report of one kernel source compiled by NVRTC (the runtime's own compiler and options)."""
+
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+_reports: dict[tuple[str, str], PtxasReport] = {}
+
+
+def ptxas_report(source: str, arch: str) -> PtxasReport | None:
+    """Registers and spills of ``source``'s kernels for ``arch`` (the largest over its entry points), from NVRTC with
+    ptxas's verbose report; None where NVRTC does not load.  Needs no GPU.  The cubin is kept for
+    :func:`compile_kernel`, so a kernel checked here and then built is compiled once."""
+    if nvrtc_unavailable() is not None:
+        return None
+    key = (hashlib.sha256(source.encode()).hexdigest(), arch)
+    with _lock:
+        hit = _reports.get(key)
+    if hit is not None:
+        return hit
+    cubin, log = _nvrtc_cubin(source, arch, "ptxas_report", verbose=True)
+    spills = _SPILL_RE.findall(log)
+    rep = PtxasReport(arch, max((int(x) for x in _REG_RE.findall(log)), default=0),
+                      max((int(a) for a, _ in spills), default=0), max((int(b) for _, b in spills), default=0))
+    with _lock:
+        _reports[key] = rep
+        _cubins[key] = cubin
+        while len(_cubins) > 64:  # (built but never loaded: drop the oldest)
+            _cubins.pop(next(iter(_cubins)))
+    return rep

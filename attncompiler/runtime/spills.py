@@ -1,0 +1,75 @@
+"""Plans checked against the machine code: a v3 kernel whose ptxas report shows local-memory spills is planned again
+with a narrower key tile.
+
+The planner's register model (``plan/v3.py`` ``v3_register_estimate``) counts the accumulators, not what a score_mod
+or a mask keeps live per element. The presets fit it, but composed mods need not: 30 of 380 random specs of the fuzz
+grammar (seeds 200000-200479) spilled 4-344 B at the planner's BLOCK_N on sm_90a (nvcc 13.0), most of them
+with a mask or a score_mod that reads buffers at d = 64 (BLOCK_N 176 or 192), and every one ran spill-free at
+some narrower width (16-64 keys narrower). ptxas's own report (NVRTC with ``--ptxas-options=-v``, the runtime's
+compiler; no GPU needed) decides where no register model can: the first narrower BLOCK_N the planner accepts that
+spills nothing is taken, else the one that spills least, and the plan's reasons say why.
+
+Off by default (:data:`SPILL_REPLAN`) until the GPU suite has run with it; :func:`replan_spilling` is the whole
+mechanism and runs on the CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..plan.model import PlanError
+from .compiler import PtxasReport, ptxas_report
+
+__all__ = ["SPILL_REPLAN", "MAX_REPLANS", "MIN_REPLAN_BLOCK_N", "replan_spilling"]
+
+#: api.compile re-plans a v3 kernel it builds whose ptxas report spills, unless block_n was asked for
+SPILL_REPLAN = False
+#: narrower widths tried at most (each is one NVRTC compile, ~1-2 s)
+MAX_REPLANS = 4
+#: no narrower key tile than this (a 64-wide tile already halves the S accumulator of BLOCK_N 128)
+MIN_REPLAN_BLOCK_N = 64
+
+
+def _describe(bn: int, rep: PtxasReport | None) -> str:
+    if rep is None:
+        return f"{bn}: not compiled"
+    return f"{bn}: {rep.spill_stores} B stores / {rep.spill_loads} B loads" if rep.spill_bytes else f"{bn}: none"
+
+
+def replan_spilling(schedule: Any, ir: Any, target: Any, options: dict[str, Any], plan: Any, source: Any,
+                    *, max_replans: int = MAX_REPLANS) -> Any | None:
+    """None when the kernel of ``source`` (``schedule.render(ir, plan, target)``'s KernelSource) spills nothing, or
+    NVRTC is missing, or ``options`` fix ``block_n``. Otherwise the plan to use instead: the first narrower BLOCK_N
+    (steps of 16, at most ``max_replans``, not below :data:`MIN_REPLAN_BLOCK_N`) that ``schedule`` accepts with
+    ``options`` and whose kernel spills nothing, or failing that the one that spills least (``plan`` itself where none
+    spills less), its first reason saying why. The caller renders it."""
+    if "block_n" in options:
+        return None
+    first = ptxas_report(source.source, source.arch)
+    if first is None or first.spill_bytes == 0:
+        return None
+    best = (first.spill_bytes, plan)
+    tried = [_describe(plan.block_n, first)]
+    bn = plan.block_n - 16
+    while bn >= MIN_REPLAN_BLOCK_N and len(tried) <= max_replans:
+        try:
+            cand = schedule.make_plan(ir, target, **options, block_n=bn)
+        except PlanError as e:
+            tried.append(f"{bn}: refused ({str(e)[:80]})")
+            bn -= 16
+            continue
+        src = schedule.render(ir, cand, target)
+        rep = ptxas_report(src.source, src.arch)
+        tried.append(_describe(bn, rep))
+        if rep is not None and rep.spill_bytes < best[0]:
+            best = (rep.spill_bytes, cand)
+            if rep.spill_bytes == 0:
+                break
+        bn -= 16
+    chosen = best[1]
+    if chosen is plan:
+        why = f"BLOCK_N {plan.block_n} kept, though it spills: no narrower width spilled less ({'; '.join(tried)})"
+    else:
+        why = (f"BLOCK_N {plan.block_n} -> {chosen.block_n}: the machine code spilled at the model's width (ptxas "
+               f"through NVRTC, {first.arch}; spills by BLOCK_N {'; '.join(tried)})")
+    return dataclasses.replace(chosen, reasons=(why, *chosen.reasons))
