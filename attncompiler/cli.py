@@ -168,6 +168,25 @@ def _cmd_plan_backward(args) -> int:
     return 0
 
 
+def _ptxas_line(ks) -> str:
+    """ptxas's report of the kernel source ``ks`` through NVRTC: registers and spills, or why it could not run."""
+    from .runtime.compiler import CompileError, nvrtc_unavailable, ptxas_report
+
+    why = nvrtc_unavailable()
+    if why is not None:
+        return f"machine code: not compiled ({why})"
+    try:
+        rep = ptxas_report(ks.source, ks.arch)
+    except CompileError as e:
+        return f"machine code: NVRTC refused the source for {ks.arch}: {str(e)[:300]}"
+    spills = (f"spills {rep.spill_stores} B stores / {rep.spill_loads} B loads (local memory: slower)"
+              if rep.spill_bytes else "no spills")
+    regs = f"{rep.registers} registers per thread"
+    if ks.schedule == "v3":
+        regs += " at launch (setmaxnreg then moves them from the producer warpgroup to the consumers)"
+    return f"machine code (ptxas through NVRTC, {rep.arch}): {regs}, {spills}"
+
+
 def _cmd_plan(args) -> int:
     from .ir.build import format_ir
     from .plan.planner import candidates_v2, format_candidates, format_io_report, format_resource_model, io_report
@@ -194,6 +213,9 @@ def _cmd_plan(args) -> int:
         return 0
     # masked tiles the classifier proves empty are skipped by the kernels, and in the report
     print(format_io_report(io_report(ks.plan, B, H, N, N, mask=ir.mask_expr)))
+    if getattr(args, "ptxas", False):
+        print()
+        print(_ptxas_line(ks))
     if args.all:
         print()
         if ks.schedule == "v3":  # no sympy resource model: the tile space with each tile's numbers
@@ -334,6 +356,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the backward's plan instead (v3 on sm_90 for head dims 64 / 128, else v2; --option "
                         "schedule=v2|v3 and the backward's plan options), and why v3 is not used where it is not")
     p.add_argument("--deterministic", action="store_true", help="with --backward: the deterministic backward")
+    p.add_argument("--ptxas", action="store_true",
+                   help="also compile the forward kernel with NVRTC and print ptxas's registers and spills (no GPU)")
     p.set_defaults(fn=_cmd_plan)
     p = sub.add_parser("run", help="compile, check against the float64 reference and time (GPU)")
     common(p)

@@ -589,6 +589,21 @@ def test_cli_plan_all_lists_candidates_model_and_io(capsys: pytest.CaptureFixtur
     assert "non-empty" in out  # the causal tiles the kernel skips are skipped in the IO report too
 
 
+def test_cli_plan_ptxas_reports_registers_and_spills(capsys: pytest.CaptureFixture) -> None:
+    """``plan --ptxas``: the forward kernel through NVRTC (no GPU), ptxas's registers and spills in one line."""
+    from attncompiler.cli import main
+    from attncompiler.runtime.compiler import nvrtc_unavailable
+
+    assert main(["plan", "causal", "--schedule", "v2", "--arch", "sm_80", "--head-dim", "64", "--ptxas"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    if nvrtc_unavailable() is not None:
+        assert line.startswith("machine code: not compiled (NVRTC does not load")
+        return
+    assert line.startswith("machine code (ptxas through NVRTC, sm_80): ") and " registers per thread, " in line
+    regs = int(line.split("sm_80): ")[1].split()[0])
+    assert 32 <= regs <= 255 and ("no spills" in line or "B stores" in line)
+
+
 def test_cli_plan_and_show_explain_the_auto_choice(capsys: pytest.CaptureFixture) -> None:
     from attncompiler.cli import main
     assert main(["plan", "causal", "--arch", "sm_90", "--all", "--shape", "1,16,4096"]) == 0
