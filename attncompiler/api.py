@@ -16,9 +16,10 @@ from .ir.types import AttentionIR
 from .plan.model import Plan
 from .plan.planner import check_plan_options, choose_auto
 from .plan.targets import Target, detect_target, get_target
+from .runtime import fastpath as _fastpath
 from .runtime import spills as _spills
 from .runtime.compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
-from .runtime.launch import InputError, check_inputs, check_out, launch, pack_params, prepare_buffers
+from .runtime.launch import InputError, check_inputs, check_out, pack_params, prepare_buffers
 from .spec.spec import AttentionSpec
 
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
@@ -52,6 +53,8 @@ class CompiledAttention:
     _decode: "CompiledAttention | None" = field(default=None, repr=False)
     _v2: "CompiledAttention | None" = field(default=None, repr=False)  # auto: v3's per-call fallback
     _decode_cp: "CompiledAttention | None" = field(default=None, repr=False)  # auto: decode's cp.async fallback
+    #: forward launches by call signature (runtime/fastpath.py): a repeated call skips the checks and the packing
+    _recipes: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         _autograd.register_kernel(self)  # the custom op refers to this kernel by id
@@ -141,8 +144,16 @@ class CompiledAttention:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     needs_grad = True
         if not (needs_grad or torch.compiler.is_compiling()):
+            key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p, values) if out is None else None
+            recipe = self._recipes.get(key) if key is not None else None
+            if recipe is not None:
+                done = _fastpath.run(recipe, q, k, v, seed, offset)
+                if done is not None:
+                    o, lse, self.last_seed = done
+                    self.last_offset = offset
+                    return (o, lse) if return_lse else o
             return self._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed,
-                                        offset=offset, buffers=values, out=out)
+                                        offset=offset, buffers=values, out=out, recipe_key=key)
         _require_cuda(q, k, v)
         if out is not None:
             raise InputError("out: expected None when inputs require grad or under torch.compile (the output is "
@@ -223,9 +234,12 @@ class CompiledAttention:
         buffers: Mapping[str, torch.Tensor],
         out: torch.Tensor | None,
         dims: Any = None,
+        recipe_key: tuple | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward launch (no autograd): validates, allocates and runs the kernel.  ``dims``: the
-        inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them."""
+        inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them;
+        ``recipe_key``: the call's signature, under which a launch that needs nothing per call but pointers is
+        remembered (runtime/fastpath.py)."""
         if dims is None:
             dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
@@ -268,12 +282,21 @@ class CompiledAttention:
         # per-call inputs a schedule derives from q, k, v (the score skip's bound); alive until the launch is queued
         prepare = getattr(sched, "prepare_forward", None)
         extra = prepare(self.kernel_source, dims, P, q, k, v) if prepare is not None else None
+        fl = None
         with torch.cuda.device(q.device):
-            if hasattr(sched, "launch_forward"):  # several kernels (decode: split, then combine)
+            if hasattr(sched, "forward_launch"):  # more arguments than (params, buffers)
+                fl = sched.forward_launch(self.kernel_source, dims, Bf, q.device)
+            elif hasattr(sched, "launch_forward"):  # several kernels (decode: split, then combine)
                 sched.launch_forward(self.kernel_source, dims, P, Bf, q.device)
             else:
-                launch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
-                       self.kernel_source.smem_bytes, P, Bf, q.device)
+                fl = _fastpath.FastLaunch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
+                                          self.kernel_source.smem_bytes, lambda P, Bf=Bf: (P, Bf), keep=(loaded, Bf))
+            if fl is not None:
+                fl.launch(P, q.device.index if q.device.index is not None else torch.cuda.current_device())
+        if fl is not None and recipe_key is not None and extra is None:
+            # (the key holds the buffers' ids: the recipe keeps them alive)
+            _fastpath.remember(self._recipes, recipe_key, _fastpath.recipe(
+                fl, P, q, o, lse, p_drop, ws_n, keep=(bufs, tuple(buffers.values()))))
         del extra
         self.last_seed, self.last_offset = seed, offset
         return (o, lse) if return_lse else o
@@ -391,8 +414,9 @@ def compile(
     will mostly see), else the nearest tuned bucket (``seqlen_hint`` None: the largest); otherwise
     the model's choice.  Any tuned plan is correct at every length -- the hint only picks the
     fastest.  ``build`` compiles eagerly (default: when ``target`` is the current GPU); with
-    :data:`attncompiler.runtime.spills.SPILL_REPLAN` (off for now) a v3 kernel it builds whose machine code spills
-    is planned again at a narrower BLOCK_N (the reason first in ``.plan.reasons``).  Kernels
+    :data:`attncompiler.runtime.spills.SPILL_REPLAN` (on) a v3 kernel it builds whose machine code spills
+    :data:`~attncompiler.runtime.spills.MIN_SPILL_BYTES` or more is planned again at a narrower BLOCK_N (the reason
+    first in ``.plan.reasons``).  Kernels
     are cached by the IR's structure, schedule, plan and target: compiling an equal spec again
     compiles nothing.
     """

@@ -33,7 +33,9 @@ def _v3(spec, **options):
 
 
 @needs_nvrtc
-def test_ptxas_report_through_nvrtc_keeps_the_cubin() -> None:
+def test_ptxas_report_through_nvrtc_keeps_the_cubin(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("ATTNCOMPILER_CACHE_DIR", str(tmp_path))  # (a report on disk would need no compile)
+    monkeypatch.setattr(compiler, "_reports", {})
     _, _, _, _, ks = _v3(presets.plain(64))
     rep = compiler.ptxas_report(ks.source, ks.arch)
     assert rep is not None and rep.arch == "sm_90a" and 0 < rep.registers <= 255 and rep.spill_bytes == 0
@@ -94,3 +96,44 @@ def test_gpu_replanned_kernel_is_correct(monkeypatch: pytest.MonkeyPatch) -> Non
         res = check_kernel(kern, B, H, N)
         assert res.ok, f"{res}\n{fs.description}"
     ac_api.clear_caches()
+
+
+def test_small_spills_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below MIN_SPILL_BYTES the model's width stays (24 B of spills ran faster than 16 fewer keys per block)."""
+    sched, ir, tgt, plan, ks = _v3(presets.plain(64))
+    small = compiler.PtxasReport("sm_90a", 168, spills.MIN_SPILL_BYTES // 2 - 4, spills.MIN_SPILL_BYTES // 2 - 4)
+    monkeypatch.setattr(spills, "ptxas_report", lambda src, arch: small)
+    assert spills.replan_spilling(sched, ir, tgt, {}, plan, ks) is None
+    big = compiler.PtxasReport("sm_90a", 168, spills.MIN_SPILL_BYTES, 0)
+    none = compiler.PtxasReport("sm_90a", 160, 0, 0)
+    monkeypatch.setattr(spills, "ptxas_report", lambda src, arch: big if src == ks.source else none)
+    better = spills.replan_spilling(sched, ir, tgt, {}, plan, ks)
+    assert better is not None and better.block_n == plan.block_n - 16, better
+
+
+@needs_nvrtc
+def test_ptxas_report_survives_a_caching_nvrtc(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """An NVRTC that answers a source it has seen with an empty log (the device machine's) gets the source again
+    with a comment; the report then goes to the disk cache, where a later process finds it without NVRTC."""
+    monkeypatch.setenv("ATTNCOMPILER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ATTNCOMPILER_DISABLE_CACHE", raising=False)
+    _, _, _, _, ks = _v3(presets.plain(64))
+    real = compiler._nvrtc_cubin
+    sources: list[str] = []
+
+    def caching(source: str, arch: str, name: str, *, verbose: bool = False):
+        sources.append(source)
+        cubin, log = real(source, arch, name, verbose=verbose)
+        return (cubin, "") if len(sources) == 1 else (cubin, log)
+
+    monkeypatch.setattr(compiler, "_nvrtc_cubin", caching)
+    monkeypatch.setattr(compiler, "_reports", {})
+    rep = compiler.ptxas_report(ks.source, ks.arch)
+    assert rep is not None and rep.registers > 0 and len(sources) == 2
+    assert sources[1].startswith(ks.source) and sources[1] != ks.source
+    monkeypatch.setattr(compiler, "_reports", {})  # a new process: memory empty, the disk cache kept
+    assert compiler.ptxas_report(ks.source, ks.arch) == rep and len(sources) == 2
+    monkeypatch.setattr(compiler, "_reports", {})
+    monkeypatch.setattr(compiler, "_nvrtc_cubin", lambda *a, **k: (b"", ""))
+    _, _, _, _, other = _v3(presets.plain(128))
+    assert compiler.ptxas_report(other.source, other.arch) is None  # no report at all: unknown, not "no spills"

@@ -102,13 +102,13 @@ class V3Schedule:
 
     prepare_forward = staticmethod(prepare_score_skip)  # the score skip's per-call row norms
 
-    def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
-                       device: torch.device) -> None:
-        """Launch with the third by-value argument ``struct V3Maps``: TMA maps of q (boxes of BLOCK_M
-        rows), k and v (BLOCK_N rows), built from the packed pointers and strides; with ``tma_store_o``
-        ``struct V3MapsO``, o's map too (boxes of 64 rows: one consumer warpgroup's)."""
+    def forward_launch(self, ks: KernelSource, dims: AttnInputs, buffers: Any, device: torch.device) -> Any:
+        """The launch of ``ks`` for ``dims`` (:class:`attncompiler.runtime.fastpath.FastLaunch`): its arguments
+        after ``(AttnParams, AttnBuffers)`` are ``struct V3Maps``, the TMA maps of q (boxes of BLOCK_M rows), k and
+        v (BLOCK_N rows) built from the packed pointers and strides (with ``tma_store_o``: ``struct V3MapsO``, o's
+        map too, in boxes of 64 rows: one consumer warpgroup's), then with ``tile_list`` the list's pointer."""
         from ..runtime.compiler import allow_dynamic_smem, compile_kernel
-        from ..runtime.launch import launch_structs
+        from ..runtime.fastpath import FastLaunch, maps_by_pointers
         from ..runtime.tma import attn_maps
 
         idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -117,17 +117,26 @@ class V3Schedule:
             fn = compile_kernel(ks.source, ks.arch, idx, ks.entry)
             allow_dynamic_smem(fn.ptr, ks.smem_bytes, idx)  # (set here too, not only by the caller's build)
             fn = _loaded.setdefault((ks, idx), fn)
-        maps = attn_maps(params, dims, ks.plan.dtype, ks.plan.block_m, ks.plan.block_n,
-                         with_o=ks.plan.tma_store_o)
-        grid = self.grid(ks, dims, _sm_count(idx) if ks.plan.persistent else None)
-        args: tuple[Any, ...] = (params, buffers, maps)
-        if ks.plan.tile_list:
+        plan = ks.plan
+        maps = maps_by_pointers(lambda P: attn_maps(P, dims, plan.dtype, plan.block_m, plan.block_n,
+                                                    with_o=plan.tma_store_o))
+        grid = self.grid(ks, dims, _sm_count(idx) if plan.persistent else None)
+        tail: tuple[Any, ...] = ()
+        keep: tuple[Any, ...] = ()
+        if plan.tile_list:
             from ..runtime.tile_list import tile_list
 
-            lst = tile_list(ks.launch_info, dims.Nq, dims.Nk, dims.B, dims.H, ks.plan.block_m, ks.plan.block_n,
-                            ks.plan.tiles_by_head, grid[0], device)
-            args += (ctypes.c_void_p(lst.data_ptr() if lst is not None else 0),)
-        launch_structs(fn.ptr, grid, ks.threads, ks.smem_bytes, args, device)
+            lst = tile_list(ks.launch_info, dims.Nq, dims.Nk, dims.B, dims.H, plan.block_m, plan.block_n,
+                            plan.tiles_by_head, grid[0], device)
+            tail, keep = (ctypes.c_void_p(lst.data_ptr() if lst is not None else 0),), (lst,)
+        return FastLaunch(fn.ptr, grid, ks.threads, ks.smem_bytes, lambda P: (P, buffers, maps(P), *tail),
+                          keep=(fn, buffers, *keep))
+
+    def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
+                       device: torch.device) -> None:
+        """Launch :meth:`forward_launch`'s kernel with ``params``."""
+        fl = self.forward_launch(ks, dims, buffers, device)
+        fl.launch(params, device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)

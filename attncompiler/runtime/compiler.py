@@ -11,6 +11,7 @@ NVRTC compiles in JIT mode, where code nvcc takes (a generic lambda nested in a 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import env
@@ -321,7 +322,8 @@ _reports: dict[tuple[str, str], PtxasReport] = {}
 
 def ptxas_report(source: str, arch: str) -> PtxasReport | None:
     """Registers and spills of ``source``'s kernels for ``arch`` (the largest over its entry points), from NVRTC with
-    ptxas's verbose report; None where NVRTC does not load.  Needs no GPU.  The cubin is kept for
+    ptxas's verbose report; None where NVRTC does not load or prints no report.  Needs no GPU.  Reports are kept on
+    disk beside the cubins (``env.cache_dir()/ptxas``), so a later process asks NVRTC nothing.  The cubin is kept for
     :func:`compile_kernel`, so a kernel checked here and then built is compiled once."""
     if nvrtc_unavailable() is not None:
         return None
@@ -330,10 +332,30 @@ def ptxas_report(source: str, arch: str) -> PtxasReport | None:
         hit = _reports.get(key)
     if hit is not None:
         return hit
+    path = env.cache_dir() / "ptxas" / f"{_disk_key(source, arch)}.json" if env.disk_cache_enabled() else None
+    if path is not None and path.is_file():  # a process before this one compiled it (its cubin is on disk too)
+        try:
+            rep = PtxasReport(**json.loads(path.read_text()))
+        except (ValueError, TypeError, OSError):
+            rep = None
+        if rep is not None and rep.arch == arch:
+            with _lock:
+                _reports[key] = rep
+            return rep
     cubin, log = _nvrtc_cubin(source, arch, "ptxas_report", verbose=True)
+    if not _REG_RE.search(log):
+        # No report: an NVRTC that caches its compilations (seen on the device machine: a source compiled before,
+        # in this process or another, came back with an empty log) did not run ptxas. A comment makes the source
+        # new to that cache without changing the code.
+        _cubin2, log = _nvrtc_cubin(f"{source}\n// ptxas report {os.getpid()} {time.time_ns()}\n", arch,
+                                    "ptxas_report", verbose=True)
+        if not _REG_RE.search(log):
+            return None
     spills = _SPILL_RE.findall(log)
     rep = PtxasReport(arch, max((int(x) for x in _REG_RE.findall(log)), default=0),
                       max((int(a) for a, _ in spills), default=0), max((int(b) for _, b in spills), default=0))
+    if path is not None:
+        _atomic_write(path, json.dumps(asdict(rep)).encode())
     with _lock:
         _reports[key] = rep
         _cubins[key] = cubin

@@ -17,7 +17,8 @@ from ..philox import dropout_threshold
 from . import blockstats
 from .params import PARAM_FIELDS, buffer_fields, ctypes_struct, set_strides
 
-__all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "check_out", "prepare_buffers", "pack_params", "launch", "launch_structs"]
+__all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "check_out", "prepare_buffers", "pack_params", "launch",
+           "launch_structs", "raw_stream"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _MAX_GRID_Y = 65535
@@ -213,12 +214,7 @@ def launch(
     device: torch.device,
 ) -> None:
     """cuLaunchKernel on torch's current stream of ``device``."""
-    from cupy.cuda import driver
-
-    stream = torch.cuda.current_stream(device).cuda_stream
-    args = (ctypes.c_void_p * 2)(ctypes.addressof(params), ctypes.addressof(buffers))
-    driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, stream,
-                        ctypes.addressof(args), 0)
+    launch_structs(function_ptr, grid, block, smem_bytes, (params, buffers), device)
 
 
 def launch_structs(
@@ -227,12 +223,25 @@ def launch_structs(
     block: int,
     smem_bytes: int,
     structs: tuple[ctypes.Structure, ...],
-    device: torch.device,
+    device: torch.device | int,
 ) -> None:
-    """cuLaunchKernel with the by-value struct arguments ``structs`` (in order) on torch's current stream."""
+    """cuLaunchKernel with the by-value struct arguments ``structs`` (in order) on torch's current stream of
+    ``device`` (a device or its index)."""
     from cupy.cuda import driver
 
-    stream = torch.cuda.current_stream(device).cuda_stream
+    idx = device if isinstance(device, int) else device.index
     args = (ctypes.c_void_p * len(structs))(*(ctypes.addressof(s) for s in structs))
-    driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, stream,
+    driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, raw_stream(idx),
                         ctypes.addressof(args), 0)
+
+
+def raw_stream(device_index: int | None) -> int:
+    """torch's current stream on ``device_index`` (None: the current device) as a CUstream handle, through torch's
+    C accessor (no Stream object: ~0.2 µs where ``torch.cuda.current_stream(...).cuda_stream`` took 4-6 µs on an
+    H200's host)."""
+    if device_index is None:
+        device_index = torch.cuda.current_device()
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return int(getter(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)

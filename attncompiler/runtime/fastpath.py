@@ -1,0 +1,165 @@
+"""Repeated forward calls: what a call with an already-seen signature still has to do on the host.
+
+A forward call checks its inputs, packs the kernel's parameter struct, looks up the loaded function, the grid, the
+TMA maps and the tile list, and launches. On an H200's host that was 84-107 µs a call (thirty-seventh session,
+``benchmarks/host_forward.py --parts``), against 16 µs for torch's SDPA: longer than many kernels it launches, so
+the GPU waited for the host (a sliding-window kernel of 255 µs read 265 µs in do_bench, whose L2 flush between calls
+takes less time than our host path did).
+
+Everything but the pointers (and a dropout call's seed) is a function of the call's *signature*: the shapes,
+strides, dtypes and devices of q, k and v, ``return_lse``, the scale and dropout asked for, and the identity and
+version of each captured buffer. The first call of a signature runs the full path, which validates everything and
+records a :class:`ForwardRecipe` (the parameter struct's bytes, the launch's function, grid and extra arguments);
+a later call with the same signature only re-checks what the signature does not fix (16-byte aligned base
+pointers), allocates the output, patches the pointers into a copy of the struct and launches. Inputs that fail a
+check never get a recipe, so they keep failing with the full path's error.
+
+Not recorded (the full path runs every time): ``out=``, packed sequences, autograd and ``torch.compile``, kernels
+whose launch derives data from the inputs (the score skip's row norms) or that run several kernels (decode), the
+``schedule="auto"`` calls answered by a sibling kernel, and calls inside CUDA graph capture.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .launch import launch_structs
+
+__all__ = ["FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "run", "recipe", "remember",
+           "maps_by_pointers", "stats"]
+
+#: signatures remembered per compiled kernel (a full dictionary is cleared: a workload with more shapes than this
+#: pays the full path more often, never a wrong launch)
+MAX_RECIPES = 64
+#: TMA map structs remembered per recipe, by (q, k, v, o) pointers
+_MAX_MAPS = 16
+_SEED_MASK = 2**64 - 1
+#: calls launched from a recipe in this process (tests check that a repeated call took it)
+stats = {"hits": 0}
+
+
+@dataclass
+class FastLaunch:
+    """One kernel's launch: function, grid, block, dynamic shared memory, and the by-value arguments for a packed
+    parameter struct (``args(P)``: P first). ``keep``: what those arguments point to (buffer copies, a tile list),
+    held as long as the launch is."""
+
+    fn_ptr: int
+    grid: tuple[int, int, int]
+    threads: int
+    smem: int
+    args: Callable[[ctypes.Structure], tuple[Any, ...]]
+    keep: tuple[Any, ...] = ()
+
+    def launch(self, params: ctypes.Structure, device_index: int) -> None:
+        launch_structs(self.fn_ptr, self.grid, self.threads, self.smem, self.args(params), device_index)
+
+
+@dataclass
+class ForwardRecipe:
+    """A validated signature's launch (see the module's docstring)."""
+
+    launch: FastLaunch
+    device_index: int
+    template: bytes  # the packed AttnParams of the first call (pointers and seed patched per call)
+    ptype: type[ctypes.Structure]
+    o_shape: tuple[int, ...]  # allocation order: (B, N, H, DV) when o is heads-inner, else (B, H, N, DV)
+    o_heads_inner: bool
+    lse_shape: tuple[int, ...] | None
+    p_drop: float
+    dtype: torch.dtype
+    device: torch.device
+    workspace_floats: int = 0  # fp32 scratch the kernel needs (v1's O, l, m), allocated per call
+    keep: tuple[Any, ...] = field(default=(), repr=False)
+
+
+def signature(q: Any, k: Any, v: Any, return_lse: bool, scale: Any, dropout_p: Any,
+              buffers: dict[str, Any]) -> tuple | None:
+    """The key a recipe is stored under, or None where no recipe applies (an argument is not a tensor). Buffers
+    enter by identity and version: a tensor changed in place gets a new recipe (its device copy is refreshed)."""
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        return None  # (a subclass may reinterpret shapes or pointers: the full path every time)
+    bkey = tuple((id(t), t._version) for t in buffers.values()) if buffers else ()
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
+            v.dtype, v.device, return_lse, scale, dropout_p, bkey)
+
+
+def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: int | None,
+        offset: int) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """Launch ``recipe`` for these inputs: (o, lse or None, the seed used), or None when the full path must run:
+    a base pointer not 16-byte aligned (that path says so), or CUDA graph capture. A captured call takes the full
+    path because the graph must hold the work that path does on the GPU per call (the granule tables of buffers the
+    tile classifier reads, recomputed on every replay: tests/test_gpu_bufreads.py) and the device memory it pins
+    (the tile list); capture happens once, so its host time does not matter."""
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if (qp | kp | vp) & 15:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    fl = recipe.launch
+    o = torch.empty(recipe.o_shape, device=recipe.device, dtype=recipe.dtype)
+    if recipe.o_heads_inner:
+        o = o.transpose(1, 2)
+    lse = (torch.empty(recipe.lse_shape, device=recipe.device, dtype=torch.float32)
+           if recipe.lse_shape is not None else None)
+    ws = (torch.empty(recipe.workspace_floats, device=recipe.device, dtype=torch.float32)
+          if recipe.workspace_floats else None)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item()) if recipe.p_drop > 0 else 0
+    P = recipe.ptype.from_buffer_copy(recipe.template)
+    if ws is not None:
+        P.workspace = ws.data_ptr()  # (freed after the launch is queued, as on the full path: stream-ordered)
+    P.q, P.k, P.v, P.o = qp, kp, vp, o.data_ptr()
+    if lse is not None:
+        P.lse = lse.data_ptr()
+    P.seed = seed & _SEED_MASK
+    P.offset = offset & _SEED_MASK
+    idx = recipe.device_index
+    stats["hits"] += 1
+    if torch.cuda.current_device() == idx:
+        fl.launch(P, idx)
+    else:
+        with torch.cuda.device(idx):
+            fl.launch(P, idx)
+    return o, lse, seed
+
+
+def recipe(fl: FastLaunch, params: ctypes.Structure, q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
+           p_drop: float, workspace_floats: int, keep: tuple[Any, ...]) -> ForwardRecipe:
+    """The recipe of a call the full path just launched with ``params`` (o in q's layout, as that path allocates
+    it)."""
+    heads_inner = q.stride(1) < q.stride(2)
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return ForwardRecipe(fl, idx, bytes(params), type(params),
+                         tuple(o.shape[i] for i in ((0, 2, 1, 3) if heads_inner else (0, 1, 2, 3))), heads_inner,
+                         tuple(lse.shape) if lse is not None else None, p_drop, o.dtype, o.device,
+                         workspace_floats, keep)
+
+
+def remember(recipes: dict, key: tuple, recipe: ForwardRecipe) -> None:
+    """Store ``recipe`` under ``key`` (a full table is emptied first), unless this stream is being captured."""
+    if torch.cuda.is_current_stream_capturing():
+        return
+    if len(recipes) >= MAX_RECIPES:
+        recipes.clear()
+    recipes[key] = recipe
+
+
+def maps_by_pointers(build: Callable[[ctypes.Structure], Any]) -> Callable[[ctypes.Structure], Any]:
+    """``build(P)`` (a TMA maps struct from P's pointers and strides) remembered by (q, k, v, o) pointers: the
+    strides are fixed by the recipe's signature."""
+    cache: dict[tuple[int, int, int, int], Any] = {}
+
+    def maps(P: ctypes.Structure) -> Any:
+        key = (P.q, P.k, P.v, P.o)
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= _MAX_MAPS:
+                cache.clear()
+            hit = cache[key] = build(P)
+        return hit
+
+    return maps

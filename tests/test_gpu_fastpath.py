@@ -1,0 +1,127 @@
+"""GPU: repeated forward calls take the launch recorded for their signature (runtime/fastpath.py), and what that
+launch must still see per call: new pointers, new seeds, buffers changed in place or passed anew, another layout,
+misaligned inputs (refused by the full path's error), CUDA graph capture."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.runtime import fastpath
+from attncompiler.runtime.launch import InputError
+from attncompiler.spec import presets
+from attncompiler.testing import check_kernel
+
+from _v3 import GPU_PRESETS, hopper, needs_hopper, v3_gpu_spec
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _schedules() -> list[str]:
+    return ["v1", "v2", "v3"] if hopper() else ["v1", "v2"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("schedule", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("name", GPU_PRESETS)
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_gpu_repeated_call_is_correct(schedule: str, name: str, layout: str) -> None:
+    if schedule not in _schedules():
+        pytest.skip("v3 needs an sm_90 GPU")
+    d = 64 if schedule == "v1" else 128
+    kern = ac.compile(v3_gpu_spec(name, d), schedule)
+    for N in (113, 1023):
+        res = check_kernel(kern, 2, 3, N, layout=layout, repeat=True)
+        assert res.ok, f"{schedule} {name} {layout} N={N}: {res}"
+
+
+def _qkv(B: int, H: int, N: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+
+
+@needs_cuda
+@pytest.mark.parametrize("schedule", _schedules())
+def test_gpu_recipe_matches_the_full_path(schedule: str) -> None:
+    """Same inputs, the recorded launch against the full path: bit-identical; each call's own pointers and seed."""
+    kern = ac.compile(ac.AttentionSpec(head_dim=64, dropout_p=0.1, name="dropout"), schedule)
+    kern(*_qkv(2, 3, 300, 64, 0))  # records
+    assert len(kern._recipes) == 1
+    q, k, v = _qkv(2, 3, 300, 64, 1)
+    hits = fastpath.stats["hits"]
+    fast_a, lse_fast = kern(q, k, v, seed=11, return_lse=True)  # return_lse: another signature, the full path
+    fast_b = kern(q, k, v, seed=11)
+    fast_c = kern(q, k, v, seed=12)
+    unseeded = kern(q, k, v)
+    assert fastpath.stats["hits"] == hits + 3 and len(kern._recipes) == 2
+    assert kern.last_seed is not None and kern.last_offset == 0
+    kern._recipes.clear()
+    slow_b = kern(q, k, v, seed=11)
+    assert torch.equal(fast_b, slow_b) and torch.equal(fast_a, slow_b)
+    assert not torch.equal(fast_c, slow_b) and not torch.equal(unseeded, slow_b)  # new seeds, new dropout masks
+    q[0, 0, 0, 0] += 1.0  # in place: a pointer the recipe holds sees the new values
+    again = kern(q, k, v, seed=11)
+    assert not torch.equal(again, slow_b) and torch.isfinite(again).all()
+
+
+@needs_cuda
+@pytest.mark.parametrize("schedule", _schedules())
+def test_gpu_recipe_sees_buffer_changes(schedule: str) -> None:
+    """ALiBi's slopes: changed in place, and passed per call as new tensors (ids and versions key the recipe)."""
+    H = 4
+    spec = presets.alibi(presets.alibi_slopes(H), 64)
+    kern = ac.compile(spec, schedule)
+    q, k, v = _qkv(1, H, 257, 64, 2)
+    base = kern(q, k, v)
+    assert torch.equal(kern(q, k, v), base)
+    slopes = kern._buffers[next(iter(kern._buffers))]
+    slopes.mul_(4.0)  # in place: a new version
+    changed = kern(q, k, v)
+    assert not torch.equal(changed, base)
+    kern2 = ac.compile(presets.alibi(presets.alibi_slopes(H) * 4.0, 64), schedule)
+    assert torch.allclose(changed.float(), kern2(q, k, v).float(), atol=0, rtol=0)
+    name = next(iter(kern._buffers))
+    for scale in (1.0, 0.5, 2.0):  # a new tensor per call, freed after it: ids may repeat, versions too
+        got = kern(q, k, v, buffers={name: presets.alibi_slopes(H) * scale})
+        want = ac.compile(presets.alibi(presets.alibi_slopes(H) * scale, 64), schedule)(q, k, v)
+        assert torch.equal(got, want), scale
+
+
+@needs_cuda
+def test_gpu_misaligned_repeat_is_refused() -> None:
+    kern = ac.compile(ac.AttentionSpec(head_dim=64), "v2")
+    q, k, v = _qkv(1, 2, 128, 64, 3)
+    kern(q, k, v)
+    kern(q, k, v)
+    flat = torch.randn(2 * 128 * 64 + 8, device="cuda", dtype=torch.bfloat16)
+    q_off = flat[4:4 + 2 * 128 * 64].view(1, 2, 128, 64)  # same shape and strides, base 8 bytes off
+    with pytest.raises(InputError, match="16-byte aligned"):
+        kern(q_off, k, v)
+
+
+@needs_cuda
+@needs_hopper
+def test_gpu_recipe_under_graph_capture() -> None:
+    """A sliding window (tile list: its launch holds device memory) and plain, captured after recipes exist: the
+    captured call takes the full path (the graph must hold its per-call GPU work), and the replay is right."""
+    for spec in (presets.sliding_window(256, 128), presets.plain(128)):
+        kern = ac.compile(spec, "v3")
+        q, k, v = _qkv(1, 4, 2048, 128, 4)
+        want = kern(q, k, v)
+        kern(q, k, v)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            kern(q, k, v)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        hits = fastpath.stats["hits"]
+        with torch.cuda.graph(g):
+            out = kern(q, k, v)
+        assert fastpath.stats["hits"] == hits
+        q.copy_(torch.randn_like(q))
+        g.replay()
+        torch.cuda.synchronize()
+        kern._recipes.clear()
+        assert torch.equal(out, kern(q, k, v)) and not torch.equal(out, want)
