@@ -1,9 +1,13 @@
-"""One fuzz spec's v3 kernel at several key-tile widths: ptxas's report and the time of each (spill thresholds).
+"""One spec's kernel at several key-tile widths: ptxas's report and the time of each (spill thresholds).
 
     PYTHONPATH=. python3 benchmarks/spill_widths.py SEED BLOCK_N [BLOCK_N ...] [--n 4096] [--rounds 3]
+        [--schedule v3|v2] [--preset NAME --head-dim D]
 
-The spec is ``attncompiler.fuzz.random_spec(SEED, max_seqlen=n)``; B = 4, H = 4, Nq = Nk = n; triton's do_bench
-median over interleaved rounds, TFLOP/s over all pairs (4 B H N^2 D).
+The spec is ``attncompiler.fuzz.random_spec(SEED, max_seqlen=n)``, or with ``--preset`` the preset NAME at head dim
+D (SEED is then ignored; ALiBi gets H slopes); B = 4, H = 4, Nq = Nk = n, bf16 unless the fuzz spec says fp16;
+triton's do_bench median over interleaved rounds, TFLOP/s over all pairs (4 B H N^2 D). v2 on sm_90 spills where
+v2 on sm_80 does (thirty-seventh session: ALiBi d128 at BLOCK_N 64, 104 B of stores on sm_90a, 40 B on sm_80), so
+an H200 can measure v2's thresholds too.
 """
 from __future__ import annotations
 
@@ -24,12 +28,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("widths", nargs="+", type=int)
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--schedule", default="v3", choices=("v3", "v2"))
+    ap.add_argument("--preset", default=None)
+    ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args(argv)
-    fs = fuzz.random_spec(args.seed, max_seqlen=args.n)
-    print(f"seed {args.seed}: {fs.description.splitlines()[0]}", flush=True)
+    if args.preset:
+        from attncompiler.spec import presets
+
+        spec = presets.get_preset(args.preset, head_dim=args.head_dim, num_heads=4, seqlen=args.n)
+        print(f"preset {args.preset} d {args.head_dim}, {args.schedule}", flush=True)
+    else:
+        fs = fuzz.random_spec(args.seed, max_seqlen=args.n)
+        spec = fs.spec
+        print(f"seed {args.seed}: {fs.description.splitlines()[0]}, {args.schedule}", flush=True)
     kerns = {}
     for bn in args.widths:
-        kern = ac.compile(fs.spec, "v3", block_n=bn)
+        kern = ac.compile(spec, args.schedule, block_n=bn)
         ks = kern.kernel_source
         print(f"  BLOCK_N {bn}: {ptxas_report(ks.source, ks.arch)}", flush=True)
         kerns[bn] = kern
