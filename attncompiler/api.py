@@ -144,10 +144,10 @@ class CompiledAttention:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     needs_grad = True
         if not (needs_grad or torch.compiler.is_compiling()):
-            key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p, values) if out is None else None
+            key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p) if out is None and not buffers else None
             recipe = self._recipes.get(key) if key is not None else None
             if recipe is not None:
-                done = _fastpath.run(recipe, q, k, v, seed, offset)
+                done = _fastpath.run(recipe, q, k, v, seed, offset, self._buffers)
                 if done is not None:
                     o, lse, self.last_seed = done
                     self.last_offset = offset
@@ -294,9 +294,8 @@ class CompiledAttention:
             if fl is not None:
                 fl.launch(P, q.device.index if q.device.index is not None else torch.cuda.current_device())
         if fl is not None and recipe_key is not None and extra is None:
-            # (the key holds the buffers' ids: the recipe keeps them alive)
-            _fastpath.remember(self._recipes, recipe_key, _fastpath.recipe(
-                fl, P, q, o, lse, p_drop, ws_n, keep=(bufs, tuple(buffers.values()))))
+            _fastpath.remember(self._recipes, recipe_key, _fastpath.recipe(fl, P, q, o, lse, p_drop, ws_n, buffers,
+                                                                          keep=(bufs,)))
         del extra
         self.last_seed, self.last_offset = seed, offset
         return (o, lse) if return_lse else o

@@ -11,16 +11,21 @@ from attncompiler.runtime import fastpath
 
 def test_signature_fixes_everything_but_pointers() -> None:
     q, k, v = (torch.randn(2, 3, 17, 64) for _ in range(3))
-    sig = fastpath.signature(q, k, v, False, None, None, {})
-    assert sig == fastpath.signature(*(torch.randn(2, 3, 17, 64) for _ in range(3)), False, None, None, {})
-    assert sig != fastpath.signature(q, k, v, True, None, None, {})  # return_lse
-    assert sig != fastpath.signature(q, k, v, False, 0.5, None, {})  # scale
-    assert sig != fastpath.signature(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, None, None, {})
-    assert sig != fastpath.signature(q.half(), k, v, False, None, None, {})
-    b = torch.ones(3)
-    with_b = fastpath.signature(q, k, v, False, None, None, {"b": b})
-    b.add_(1.0)  # changed in place: a new version
-    assert with_b != fastpath.signature(q, k, v, False, None, None, {"b": b})
+    sig = fastpath.signature(q, k, v, False, None, None)
+    assert sig == fastpath.signature(*(torch.randn(2, 3, 17, 64) for _ in range(3)), False, None, None)
+    assert sig != fastpath.signature(q, k, v, True, None, None)  # return_lse
+    assert sig != fastpath.signature(q, k, v, False, 0.5, None)  # scale
+    assert sig != fastpath.signature(q, k, v, False, None, 0.1)  # dropout
+    assert sig != fastpath.signature(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, None, None)
+    assert sig != fastpath.signature(q.half(), k, v, False, None, None)
+
+
+def test_buffer_versions_follow_in_place_changes() -> None:
+    a, b = torch.ones(3), torch.zeros(2, dtype=torch.int32)
+    before = fastpath.buffer_versions({"a": a, "b": b})
+    assert before == fastpath.buffer_versions({"a": a, "b": b}) and fastpath.buffer_versions({}) == ()
+    b.add_(1)
+    assert before != fastpath.buffer_versions({"a": a, "b": b})
 
 
 def test_no_signature_for_tensor_subclasses() -> None:
@@ -29,8 +34,8 @@ def test_no_signature_for_tensor_subclasses() -> None:
 
     q = torch.randn(1, 1, 8, 64).as_subclass(Sub)
     k, v = torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64)
-    assert fastpath.signature(q, k, v, False, None, None, {}) is None
-    assert fastpath.signature(k, q, v, False, None, None, {}) is None
+    assert fastpath.signature(q, k, v, False, None, None) is None
+    assert fastpath.signature(k, q, v, False, None, None) is None
 
 
 def test_recipe_table_is_bounded(monkeypatch) -> None:
@@ -60,9 +65,9 @@ def test_no_recorded_launch_under_capture_or_misalignment(monkeypatch) -> None:
     """run() hands back to the full path before touching CUDA: a misaligned base (whose error that path gives) and
     CUDA graph capture (whose graph must hold the full path's per-call GPU work, e.g. buffer tables)."""
     q, k, v = (torch.randn(1, 1, 8, 64) for _ in range(3))
-    recipe = object()  # never reached
+    recipe = type("R", (), {"buffer_versions": ()})()  # nothing past the checks is reached
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert fastpath.run(recipe, q, k, v, None, 0) is None
+    assert fastpath.run(recipe, q, k, v, None, 0, {}) is None
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     flat = torch.randn(8 * 64 + 1)
-    assert fastpath.run(recipe, flat[1:].view(1, 1, 8, 64), k, v, None, 0) is None
+    assert fastpath.run(recipe, flat[1:].view(1, 1, 8, 64), k, v, None, 0, {}) is None

@@ -68,24 +68,27 @@ def test_gpu_recipe_matches_the_full_path(schedule: str) -> None:
 @needs_cuda
 @pytest.mark.parametrize("schedule", _schedules())
 def test_gpu_recipe_sees_buffer_changes(schedule: str) -> None:
-    """ALiBi's slopes: changed in place, and passed per call as new tensors (ids and versions key the recipe)."""
+    """ALiBi's slopes changed in place: the next call takes the full path (new device copies) and records again;
+    slopes passed per call (``buffers=``) always take the full path."""
     H = 4
     spec = presets.alibi(presets.alibi_slopes(H), 64)
     kern = ac.compile(spec, schedule)
     q, k, v = _qkv(1, H, 257, 64, 2)
     base = kern(q, k, v)
-    assert torch.equal(kern(q, k, v), base)
-    slopes = kern._buffers[next(iter(kern._buffers))]
-    slopes.mul_(4.0)  # in place: a new version
-    changed = kern(q, k, v)
-    assert not torch.equal(changed, base)
-    kern2 = ac.compile(presets.alibi(presets.alibi_slopes(H) * 4.0, 64), schedule)
-    assert torch.allclose(changed.float(), kern2(q, k, v).float(), atol=0, rtol=0)
+    hits = fastpath.stats["hits"]
+    assert torch.equal(kern(q, k, v), base) and fastpath.stats["hits"] == hits + 1
     name = next(iter(kern._buffers))
-    for scale in (1.0, 0.5, 2.0):  # a new tensor per call, freed after it: ids may repeat, versions too
+    kern._buffers[name].mul_(4.0)  # in place: a new version
+    changed = kern(q, k, v)
+    assert fastpath.stats["hits"] == hits + 1  # the full path ran
+    assert torch.equal(kern(q, k, v), changed) and fastpath.stats["hits"] == hits + 2  # and recorded again
+    kern2 = ac.compile(presets.alibi(presets.alibi_slopes(H) * 4.0, 64), schedule)
+    assert not torch.equal(changed, base) and torch.equal(changed, kern2(q, k, v))
+    for scale in (1.0, 0.5, 2.0):  # a new tensor per call
         got = kern(q, k, v, buffers={name: presets.alibi_slopes(H) * scale})
         want = ac.compile(presets.alibi(presets.alibi_slopes(H) * scale, 64), schedule)(q, k, v)
         assert torch.equal(got, want), scale
+    assert fastpath.stats["hits"] == hits + 2
 
 
 @needs_cuda

@@ -7,28 +7,30 @@ the GPU waited for the host (a sliding-window kernel of 255 µs read 265 µs in 
 takes less time than our host path did).
 
 Everything but the pointers (and a dropout call's seed) is a function of the call's *signature*: the shapes,
-strides, dtypes and devices of q, k and v, ``return_lse``, the scale and dropout asked for, and the identity and
-version of each captured buffer. The first call of a signature runs the full path, which validates everything and
-records a :class:`ForwardRecipe` (the parameter struct's bytes, the launch's function, grid and extra arguments);
-a later call with the same signature only re-checks what the signature does not fix (16-byte aligned base
-pointers), allocates the output, patches the pointers into a copy of the struct and launches. Inputs that fail a
-check never get a recipe, so they keep failing with the full path's error.
+strides, dtypes and devices of q, k and v, ``return_lse``, and the scale and dropout asked for. The first call of a
+signature runs the full path, which validates everything and records a :class:`ForwardRecipe` (the parameter
+struct's bytes, the launch's function, grid and extra arguments, the versions of the kernel's captured buffers); a
+later call with the same signature only re-checks what the signature does not fix (16-byte aligned base pointers,
+the buffers' versions: one changed in place needs new device copies and tables, so the full path runs and records
+again), allocates the output, patches the pointers into a copy of the struct and launches. Inputs that fail a check
+never get a recipe, so they keep failing with the full path's error.
 
-Not recorded (the full path runs every time): ``out=``, packed sequences, autograd and ``torch.compile``, kernels
-whose launch derives data from the inputs (the score skip's row norms) or that run several kernels (decode), the
-``schedule="auto"`` calls answered by a sibling kernel, and calls inside CUDA graph capture.
+Not recorded (the full path runs every time): ``out=``, buffers passed per call (``buffers=``: a recipe would hold
+each tensor alive), packed sequences, autograd and ``torch.compile``, kernels whose launch derives data from the
+inputs (the score skip's row norms) or that run several kernels (decode), the ``schedule="auto"`` calls answered by
+a sibling kernel, and calls inside CUDA graph capture.
 """
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from .launch import launch_structs
 
-__all__ = ["FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "run", "recipe", "remember",
+__all__ = ["FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe", "remember",
            "maps_by_pointers", "stats"]
 
 #: signatures remembered per compiled kernel (a full dictionary is cleared: a workload with more shapes than this
@@ -73,29 +75,34 @@ class ForwardRecipe:
     dtype: torch.dtype
     device: torch.device
     workspace_floats: int = 0  # fp32 scratch the kernel needs (v1's O, l, m), allocated per call
+    buffer_versions: tuple[int, ...] = ()  # of the kernel's captured buffers when recorded
     keep: tuple[Any, ...] = field(default=(), repr=False)
 
 
-def signature(q: Any, k: Any, v: Any, return_lse: bool, scale: Any, dropout_p: Any,
-              buffers: dict[str, Any]) -> tuple | None:
-    """The key a recipe is stored under, or None where no recipe applies (an argument is not a tensor). Buffers
-    enter by identity and version: a tensor changed in place gets a new recipe (its device copy is refreshed)."""
+def signature(q: Any, k: Any, v: Any, return_lse: bool, scale: Any, dropout_p: Any) -> tuple | None:
+    """The key a recipe is stored under, or None where no recipe applies (an argument is not a plain tensor)."""
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
         return None  # (a subclass may reinterpret shapes or pointers: the full path every time)
-    bkey = tuple((id(t), t._version) for t in buffers.values()) if buffers else ()
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
-            v.dtype, v.device, return_lse, scale, dropout_p, bkey)
+            v.dtype, v.device, return_lse, scale, dropout_p)
+
+
+def buffer_versions(buffers: Mapping[str, Any]) -> tuple[int, ...]:
+    """The in-place versions of a kernel's captured buffers (what a recipe's device copies and tables were made
+    from)."""
+    return tuple(t._version for t in buffers.values()) if buffers else ()
 
 
 def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: int | None,
-        offset: int) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
-    """Launch ``recipe`` for these inputs: (o, lse or None, the seed used), or None when the full path must run:
-    a base pointer not 16-byte aligned (that path says so), or CUDA graph capture. A captured call takes the full
+        offset: int, buffers: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """Launch ``recipe`` for these inputs and the kernel's captured ``buffers``: (o, lse or None, the seed used), or
+    None when the full path must run: a base pointer not 16-byte aligned (that path says so), a buffer changed in
+    place since the recipe was recorded, or CUDA graph capture. A captured call takes the full
     path because the graph must hold the work that path does on the GPU per call (the granule tables of buffers the
     tile classifier reads, recomputed on every replay: tests/test_gpu_bufreads.py) and the device memory it pins
     (the tile list); capture happens once, so its host time does not matter."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    if (qp | kp | vp) & 15:
+    if (qp | kp | vp) & 15 or buffer_versions(buffers) != recipe.buffer_versions:
         return None
     if torch.cuda.is_current_stream_capturing():
         return None
@@ -128,7 +135,7 @@ def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def recipe(fl: FastLaunch, params: ctypes.Structure, q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
-           p_drop: float, workspace_floats: int, keep: tuple[Any, ...]) -> ForwardRecipe:
+           p_drop: float, workspace_floats: int, buffers: Mapping[str, Any], keep: tuple[Any, ...]) -> ForwardRecipe:
     """The recipe of a call the full path just launched with ``params`` (o in q's layout, as that path allocates
     it)."""
     heads_inner = q.stride(1) < q.stride(2)
@@ -136,7 +143,7 @@ def recipe(fl: FastLaunch, params: ctypes.Structure, q: torch.Tensor, o: torch.T
     return ForwardRecipe(fl, idx, bytes(params), type(params),
                          tuple(o.shape[i] for i in ((0, 2, 1, 3) if heads_inner else (0, 1, 2, 3))), heads_inner,
                          tuple(lse.shape) if lse is not None else None, p_drop, o.dtype, o.device,
-                         workspace_floats, keep)
+                         workspace_floats, buffer_versions(buffers), keep)
 
 
 def remember(recipes: dict, key: tuple, recipe: ForwardRecipe) -> None:
