@@ -429,13 +429,15 @@ def compile_jobs(specs: Any, target: Any, *, schedules: tuple[str, ...] = ("v2",
 
 
 def run_case(fs: FuzzSpec, shape: dict[str, Any], *, schedule: str = "v2", backward: bool = False,
-             seed: int = 0, options: dict[str, Any] | None = None) -> tuple[bool, str]:
+             seed: int = 0, options: dict[str, Any] | None = None, repeat: bool | None = None) -> tuple[bool, str]:
     """Run one case on the GPU: ``compile(fs.spec, schedule, **options)`` checked against the float64
     reference by :func:`attncompiler.testing.check_kernel` (and, with ``backward``, its dq, dk, dv by
     :func:`~attncompiler.testing.check_kernel_grads`: the backward kernels fed by this forward's LSE).
     Options the planner refuses for the spec fall back to its own plan (:func:`accepted_options`).  Inputs
-    come from ``torch.manual_seed(seed)``.  Returns ``(ok, message)``; the message carries the case's
-    description and the plan options when it fails."""
+    come from ``torch.manual_seed(seed)``.  ``repeat`` (default: odd ``seed``) checks a second call of the shape,
+    which takes the launch the first recorded (``check_kernel(repeat=True)``), instead of a call with ``out=``: the
+    draws stay as they were, and half the cases cover each path.  Returns ``(ok, message)``; the message carries
+    the case's description and the plan options when it fails."""
     from .api import compile as ac_compile
     from .plan.targets import detect_target
     from .testing import check_kernel, check_kernel_grads
@@ -444,8 +446,9 @@ def run_case(fs: FuzzSpec, shape: dict[str, Any], *, schedule: str = "v2", backw
     kern = ac_compile(fs.spec, schedule, **opts)
     dims = (shape["B"], shape["H"], shape["Nq"], shape["Nk"])
     torch.manual_seed(seed)
-    res: Any = check_kernel(kern, *dims, H_kv=shape["H_kv"], layout=shape["layout"], seed=seed)
-    msgs = [f"{schedule}{f' {opts}' if opts else ''} forward: {res}"]
+    rep = seed % 2 == 1 if repeat is None else repeat
+    res: Any = check_kernel(kern, *dims, H_kv=shape["H_kv"], layout=shape["layout"], seed=seed, repeat=rep)
+    msgs = [f"{schedule}{f' {opts}' if opts else ''} forward{' (repeated call)' if rep else ''}: {res}"]
     ok = res.ok
     if backward:
         torch.manual_seed(seed + 1)

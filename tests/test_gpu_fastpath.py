@@ -34,6 +34,7 @@ def test_gpu_repeated_call_is_correct(schedule: str, name: str, layout: str) -> 
     for N in (113, 1023):
         res = check_kernel(kern, 2, 3, N, layout=layout, repeat=True)
         assert res.ok, f"{schedule} {name} {layout} N={N}: {res}"
+    assert len(kern._recipes) == 2, f"{schedule} {name}: expected a recorded launch per shape"
 
 
 def _qkv(B: int, H: int, N: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
