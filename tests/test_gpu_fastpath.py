@@ -23,18 +23,19 @@ def _schedules() -> list[str]:
 
 
 @needs_cuda
-@pytest.mark.parametrize("schedule", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("schedule,layout", [("v3", "bhnd"), ("v3", "bnhd"), ("v2", "bhnd"), ("v2", "bnhd"),
+                                             ("v1", "bhnd")])
 @pytest.mark.parametrize("name", GPU_PRESETS)
-@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 def test_gpu_repeated_call_is_correct(schedule: str, name: str, layout: str) -> None:
     if schedule not in _schedules():
         pytest.skip("v3 needs an sm_90 GPU")
     d = 64 if schedule == "v1" else 128
+    seqlens = (113,) if schedule == "v1" else (113, 1023)  # (v1's FA1 loop order is slow by design)
     kern = ac.compile(v3_gpu_spec(name, d), schedule)
-    for N in (113, 1023):
+    for N in seqlens:
         res = check_kernel(kern, 2, 3, N, layout=layout, repeat=True)
         assert res.ok, f"{schedule} {name} {layout} N={N}: {res}"
-    assert len(kern._recipes) == 2, f"{schedule} {name}: expected a recorded launch per shape"
+    assert len(kern._recipes) == len(seqlens), f"{schedule} {name}: expected a recorded launch per shape"
 
 
 def _qkv(B: int, H: int, N: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
