@@ -97,10 +97,10 @@ def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         offset: int, buffers: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
     """Launch ``recipe`` for these inputs and the kernel's captured ``buffers``: (o, lse or None, the seed used), or
     None when the full path must run: a base pointer not 16-byte aligned (that path says so), a buffer changed in
-    place since the recipe was recorded, or CUDA graph capture. A captured call takes the full
-    path because the graph must hold the work that path does on the GPU per call (the granule tables of buffers the
-    tile classifier reads, recomputed on every replay: tests/test_gpu_bufreads.py) and the device memory it pins
-    (the tile list); capture happens once, so its host time does not matter."""
+    place since the recipe was recorded, or CUDA graph capture. A captured call takes the full path because the
+    graph must hold the work that path does on the GPU per call (the granule tables of buffers the tile classifier
+    reads, recomputed on every replay: tests/test_gpu_bufreads.py) and the device memory it pins (the tile list);
+    capture happens once, so its host time does not matter."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if (qp | kp | vp) & 15 or buffer_versions(buffers) != recipe.buffer_versions:
         return None
