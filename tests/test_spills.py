@@ -137,3 +137,24 @@ def test_ptxas_report_survives_a_caching_nvrtc(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(compiler, "_nvrtc_cubin", lambda *a, **k: (b"", ""))
     _, _, _, _, other = _v3(presets.plain(128))
     assert compiler.ptxas_report(other.source, other.arch) is None  # no report at all: unknown, not "no spills"
+
+
+@needs_nvrtc
+def test_precompile_leaves_the_report_on_disk(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """precompile_to_disk's worker writes ptxas's report beside the cubin, so compile's check of a precompiled
+    kernel compiles nothing again."""
+    monkeypatch.setenv("ATTNCOMPILER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ATTNCOMPILER_DISABLE_CACHE", raising=False)
+    monkeypatch.setattr(compiler, "_reports", {})
+    _, _, _, _, ks = _v3(presets.causal(64))
+    path = compiler._nvrtc_to_disk(ks.source, ks.arch)
+    assert path.endswith(".cubin") and len(list(tmp_path.glob("ptxas/*.json"))) == 1
+    monkeypatch.setattr(compiler, "_reports", {})
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(compiler, "_nvrtc_cubin", no_compile)
+    rep = compiler.ptxas_report(ks.source, ks.arch)
+    assert rep is not None and rep.registers > 0
+    assert compiler._nvrtc_to_disk(ks.source, ks.arch) == path  # both on disk: nothing to do

@@ -211,10 +211,18 @@ def compile_functions(source: str, arch: str, device: int, entries: tuple[str, .
 
 
 def _nvrtc_to_disk(source: str, arch: str) -> str:
-    """Worker of :func:`precompile_to_disk` (a separate process): NVRTC -> the disk cache."""
-    path = env.cache_dir() / "cubin" / f"{_disk_key(source, arch)}.cubin"
+    """Worker of :func:`precompile_to_disk` (a separate process): NVRTC -> the disk cache, the cubin and ptxas's
+    report both (``compile`` asks for the report of every v3 kernel it builds: without it on disk, each would be
+    compiled again, one at a time)."""
+    dkey = _disk_key(source, arch)
+    path = env.cache_dir() / "cubin" / f"{dkey}.cubin"
+    if path.is_file() and (env.cache_dir() / "ptxas" / f"{dkey}.json").is_file():
+        return str(path)
+    ptxas_report(source, arch)  # (its cubin stays in memory: the same compile)
+    cubin = _cubins.pop((hashlib.sha256(source.encode()).hexdigest(), arch), None)
     if not path.is_file():
-        cubin, _ = _nvrtc_cubin(source, arch, "precompile")
+        if cubin is None:  # (the report was on disk already)
+            cubin, _ = _nvrtc_cubin(source, arch, "precompile")
         _atomic_write(path, cubin)
     return str(path)
 
