@@ -158,3 +158,45 @@ def test_precompile_leaves_the_report_on_disk(monkeypatch: pytest.MonkeyPatch, t
     rep = compiler.ptxas_report(ks.source, ks.arch)
     assert rep is not None and rep.registers > 0
     assert compiler._nvrtc_to_disk(ks.source, ks.arch) == path  # both on disk: nothing to do
+
+
+def test_candidates_compile_in_waves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Narrower widths compile side by side, one per core, widest first; a wave that finds a width without spills
+    is the last, and the reason lists the widths in order up to it."""
+    import dataclasses
+    import threading
+
+    @dataclasses.dataclass(frozen=True)
+    class FakePlan:
+        block_n: int
+        reasons: tuple = ()
+
+    class FakeSchedule:
+        def make_plan(self, ir, target, block_n=192):
+            if block_n == 144:
+                raise spills.PlanError("smem 300000 B > 232448 B limit")
+            return FakePlan(block_n)
+
+        def render(self, ir, plan, target):
+            return type("KS", (), {"source": f"bn{plan.block_n}", "arch": "sm_90a"})()
+
+    spill = {"bn192": 200, "bn176": 80, "bn160": 40, "bn128": 0, "bn112": 0}
+    compiled: list[str] = []
+    threads: set[int] = set()
+
+    def report(src: str, arch: str) -> compiler.PtxasReport:
+        compiled.append(src)
+        threads.add(threading.get_ident())
+        return compiler.PtxasReport(arch, 168, spill[src], 0)
+
+    monkeypatch.setattr(spills, "ptxas_report", report)
+    monkeypatch.setattr(spills.os, "cpu_count", lambda: 2)
+    plan = FakePlan(192)
+    ks = FakeSchedule().render(None, plan, None)
+    better = spills.replan_spilling(FakeSchedule(), None, None, {}, plan, ks)
+    assert better.block_n == 128
+    # the first report, then waves (176, 160) and (128, 112); 144 refused by the planner, never compiled
+    assert compiled[0] == "bn192" and sorted(compiled[1:3]) == ["bn160", "bn176"]
+    assert sorted(compiled[3:]) == ["bn112", "bn128"]
+    assert "176: 80 B stores / 0 B loads; 160: 40 B stores / 0 B loads; 144: refused" in better.reasons[0]
+    assert better.reasons[0].endswith("128: none)") and len(threads) >= 2

@@ -18,6 +18,8 @@ BLOCK_N 128 (none) beat 176 (32 B) by 1.13x. :func:`replan_spilling` is the whol
 from __future__ import annotations
 
 import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..plan.model import PlanError
@@ -29,7 +31,8 @@ __all__ = ["SPILL_REPLAN", "MAX_REPLANS", "MIN_REPLAN_BLOCK_N", "MIN_SPILL_BYTES
 SPILL_REPLAN = True
 #: spills (stores + loads, bytes) below this are kept: the narrower tile cost more than they did (24 B: 0.93x)
 MIN_SPILL_BYTES = 32
-#: narrower widths tried at most (each is one NVRTC compile, ~1-2 s; the fuzz's worst case needed five)
+#: narrower widths tried at most (each is one NVRTC compile, ~1-2 s, all of them at once; the fuzz's worst case
+#: needed five)
 MAX_REPLANS = 5
 #: no narrower key tile than this (a 64-wide tile already halves the S accumulator of BLOCK_N 128)
 MIN_REPLAN_BLOCK_N = 64
@@ -44,33 +47,50 @@ def _describe(bn: int, rep: PtxasReport | None) -> str:
 def replan_spilling(schedule: Any, ir: Any, target: Any, options: dict[str, Any], plan: Any, source: Any,
                     *, max_replans: int = MAX_REPLANS) -> Any | None:
     """None when the kernel of ``source`` (``schedule.render(ir, plan, target)``'s KernelSource) spills less than
-    :data:`MIN_SPILL_BYTES`, or NVRTC is missing, or ``options`` fix ``block_n``. Otherwise the plan to use instead: the first narrower BLOCK_N
-    (steps of 16, at most ``max_replans``, not below :data:`MIN_REPLAN_BLOCK_N`) that ``schedule`` accepts with
-    ``options`` and whose kernel spills nothing, or failing that the one that spills least (``plan`` itself where none
-    spills less), its first reason saying why. The caller renders it."""
+    :data:`MIN_SPILL_BYTES`, or NVRTC is missing, or ``options`` fix ``block_n``. Otherwise the plan to use instead:
+    the first narrower BLOCK_N (steps of 16, at most ``max_replans``, not below :data:`MIN_REPLAN_BLOCK_N`) that
+    ``schedule`` accepts with ``options`` and whose kernel spills nothing, or failing that the one that spills least
+    (``plan`` itself where none spills less), its first reason saying why. The candidates compile in parallel
+    threads. The caller renders the plan returned."""
     if "block_n" in options:
         return None
     first = ptxas_report(source.source, source.arch)
     if first is None or first.spill_bytes < MIN_SPILL_BYTES:
         return None
+    # the narrower widths the planner accepts, compiled side by side in waves of one per core (NVRTC runs without
+    # the GIL): a spilling variant costs about one compile of wall time where one at a time took up to MAX_REPLANS
+    cands: list[tuple[int, Any]] = []
+    bn = plan.block_n - 16
+    while bn >= MIN_REPLAN_BLOCK_N and len(cands) < max_replans:
+        try:
+            cands.append((bn, schedule.make_plan(ir, target, **options, block_n=bn)))
+        except PlanError as e:
+            cands.append((bn, f"{bn}: refused ({str(e)[:80]})"))
+        bn -= 16
+    plans = [(w, c) for w, c in cands if not isinstance(c, str)]
+    by_width: dict[int, PtxasReport | None] = {}
+    wave = max(1, min(len(plans), os.cpu_count() or 1))  # as many at once as there are cores, widest first
+    for i in range(0, len(plans), wave):
+        srcs = [schedule.render(ir, c, target) for _, c in plans[i:i + wave]]
+        with ThreadPoolExecutor(max_workers=wave) as pool:
+            reps = list(pool.map(lambda src: ptxas_report(src.source, src.arch), srcs))
+        by_width.update((w, rep) for (w, _), rep in zip(plans[i:i + wave], reps))
+        if any(rep is not None and rep.spill_bytes == 0 for rep in reps):
+            break
     best = (first.spill_bytes, plan)
     tried = [_describe(plan.block_n, first)]
-    bn = plan.block_n - 16
-    while bn >= MIN_REPLAN_BLOCK_N and len(tried) <= max_replans:
-        try:
-            cand = schedule.make_plan(ir, target, **options, block_n=bn)
-        except PlanError as e:
-            tried.append(f"{bn}: refused ({str(e)[:80]})")
-            bn -= 16
+    for w, c in cands:  # in order, up to the first width that spills nothing (as a search one at a time would)
+        if isinstance(c, str):
+            tried.append(c)
             continue
-        src = schedule.render(ir, cand, target)
-        rep = ptxas_report(src.source, src.arch)
-        tried.append(_describe(bn, rep))
+        if w not in by_width:  # (a later wave than the one that found a width without spills)
+            break
+        rep = by_width[w]
+        tried.append(_describe(w, rep))
         if rep is not None and rep.spill_bytes < best[0]:
-            best = (rep.spill_bytes, cand)
+            best = (rep.spill_bytes, c)
             if rep.spill_bytes == 0:
                 break
-        bn -= 16
     chosen = best[1]
     if chosen is plan:
         why = f"BLOCK_N {plan.block_n} kept, though it spills: no narrower width spilled less ({'; '.join(tried)})"
