@@ -1,0 +1,19 @@
+#!/bin/bash
+# A session's first device call after launch-path changes made without a GPU: the full GPU suite (its log to $OUT;
+# the slowest tests listed; faulthandler names a test that hangs past 150 s), then the long fuzz from $FUZZ_START
+# for what time is left. The thirty-seventh session left untested on the GPU: calls under CUDA graph capture taking
+# the full path, recipes keyed by the captured buffers' versions, the fuzz's repeated calls, the precompile's ptxas
+# reports and the re-plan's parallel waves.
+set -u
+export PYTHONPATH=$PWD
+out=${OUT:-/tmp}
+timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n 8 -o addopts="" -q -rf \
+  -o faulthandler_timeout=150 --durations=25 > "$out/suite.log" 2>&1
+echo "PYTEST_RC=$?"
+grep -E "^(FAILED|ERROR)|passed|failed|Timeout|most recent call first" "$out/suite.log" | tail -30
+grep -A27 "slowest 25 durations" "$out/suite.log" | tail -26
+if [ "${FUZZ_S:-0}" -gt 0 ]; then
+  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-102817}" --v1-every 0 --bwd-every 0 \
+    --decode-every 0 --v3-every 1 --chunk 24 > "$out/fuzz.log" 2>&1
+  tail -4 "$out/fuzz.log"
+fi
