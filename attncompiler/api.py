@@ -144,16 +144,8 @@ class CompiledAttention:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     needs_grad = True
         if not (needs_grad or torch.compiler.is_compiling()):
-            key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p) if out is None and not buffers else None
-            recipe = self._recipes.get(key) if key is not None else None
-            if recipe is not None:
-                done = _fastpath.run(recipe, q, k, v, seed, offset, self._buffers)
-                if done is not None:
-                    o, lse, self.last_seed = done
-                    self.last_offset = offset
-                    return (o, lse) if return_lse else o
             return self._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p, seed=seed,
-                                        offset=offset, buffers=values, out=out, recipe_key=key)
+                                        offset=offset, buffers=values, out=out, record=not buffers)
         _require_cuda(q, k, v)
         if out is not None:
             raise InputError("out: expected None when inputs require grad or under torch.compile (the output is "
@@ -234,12 +226,22 @@ class CompiledAttention:
         buffers: Mapping[str, torch.Tensor],
         out: torch.Tensor | None,
         dims: Any = None,
-        recipe_key: tuple | None = None,
+        record: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward launch (no autograd): validates, allocates and runs the kernel.  ``dims``: the
         inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them;
-        ``recipe_key``: the call's signature, under which a launch that needs nothing per call but pointers is
-        remembered (runtime/fastpath.py)."""
+        ``record`` (``buffers`` are the kernel's own captured tensors): a call whose signature launched before takes
+        the launch recorded then, and a launch that needs nothing per call but pointers is recorded
+        (runtime/fastpath.py)."""
+        recipe_key = None
+        if record and dims is None and out is None:
+            recipe_key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p)
+            recipe = self._recipes.get(recipe_key) if recipe_key is not None else None
+            done = _fastpath.run(recipe, q, k, v, seed, offset, self._buffers) if recipe is not None else None
+            if done is not None:
+                o, lse, self.last_seed = done
+                self.last_offset = offset
+                return (o, lse) if return_lse else o
         if dims is None:
             dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":

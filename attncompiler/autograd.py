@@ -109,9 +109,10 @@ def _attention_fwd_impl(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], 
         out = _out_like(q, v.shape[-1])
         out.copy_(o)
         return out, lse.contiguous()
+    own = len(bufs) == len(kern._buffers) and all(bufs[n] is t for n, t in kern._buffers.items())
     with torch.no_grad():
         return kern._launch_forward(q, k, v, return_lse=True, scale=scale, dropout_p=dropout_p, seed=seed,
-                                    offset=offset, buffers=bufs, out=None)
+                                    offset=offset, buffers=bufs, out=None, record=own)
 
 
 _attention_fwd = torch.library.custom_op("attncompiler::attention_fwd", mutates_args=())(_attention_fwd_impl)

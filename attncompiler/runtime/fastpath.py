@@ -15,10 +15,11 @@ the buffers' versions: one changed in place needs new device copies and tables, 
 again), allocates the output, patches the pointers into a copy of the struct and launches. Inputs that fail a check
 never get a recipe, so they keep failing with the full path's error.
 
-Not recorded (the full path runs every time): ``out=``, buffers passed per call (``buffers=``: a recipe would hold
-each tensor alive), packed sequences, autograd and ``torch.compile``, kernels whose launch derives data from the
-inputs (the score skip's row norms) or that run several kernels (decode), the ``schedule="auto"`` calls answered by
-a sibling kernel, and calls inside CUDA graph capture.
+Autograd's forward (the ``attncompiler::attention_fwd`` op, eager or under ``torch.compile``) records and takes
+launches the same way when its buffers are the kernel's own. Not recorded (the full path runs every time): ``out=``,
+buffers passed per call (``buffers=``: a recipe would hold each tensor alive), packed sequences, the backward,
+kernels whose launch derives data from the inputs (the score skip's row norms) or that run several kernels
+(decode), the ``schedule="auto"`` calls answered by a sibling kernel, and calls inside CUDA graph capture.
 """
 from __future__ import annotations
 
