@@ -19,7 +19,7 @@ from .plan.targets import Target, detect_target, get_target
 from .runtime import fastpath as _fastpath
 from .runtime import spills as _spills
 from .runtime.compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
-from .runtime.launch import InputError, check_inputs, check_out, pack_params, prepare_buffers
+from .runtime.launch import InputError, check_inputs, check_out, device_index, pack_params, prepare_buffers
 from .spec.spec import AttentionSpec
 
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
@@ -74,7 +74,7 @@ class CompiledAttention:
     def build(self, device: int | torch.device | None = None) -> LoadedKernel:
         """Compile (or fetch from cache) and load the kernel for ``device`` (default: current)."""
         dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        idx = device_index(dev)
         with self._lock:
             k = self._loaded.get(idx)
             if k is None:
@@ -294,7 +294,7 @@ class CompiledAttention:
                 fl = _fastpath.FastLaunch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
                                           self.kernel_source.smem_bytes, lambda P, Bf=Bf: (P, Bf), keep=(loaded, Bf))
             if fl is not None:
-                fl.launch(P, q.device.index if q.device.index is not None else torch.cuda.current_device())
+                fl.launch(P, device_index(q.device))
         if fl is not None and recipe_key is not None and extra is None:
             _fastpath.remember(self._recipes, recipe_key, _fastpath.recipe(fl, P, q, o, lse, p_drop, ws_n, buffers,
                                                                           keep=(bufs,)))

@@ -66,6 +66,12 @@ def main() -> None:
     def packed() -> None:
         kern(pq, pk, pv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens)).backward(pdo)
 
+    def sdpa_step() -> None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
     def fwd_only() -> None:
         with torch.no_grad():
             kern(q, k, v)
@@ -80,6 +86,7 @@ def main() -> None:
                 op = time_steps(fn, args.steps)
             print(f"{r:5d} {name:>8s} {eager:9.0f} {op:10.0f}")
         print(f"{r:5d} {'no_grad':>8s} {time_steps(fwd_only, args.steps):9.0f}")
+        print(f"{r:5d} {'sdpa':>8s} {time_steps(sdpa_step, args.steps):9.0f}  (torch SDPA, flash, causal)")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:
         for _ in range(args.steps):
             padded()

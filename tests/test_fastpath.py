@@ -71,3 +71,11 @@ def test_no_recorded_launch_under_capture_or_misalignment(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     flat = torch.randn(8 * 64 + 1)
     assert fastpath.run(recipe, flat[1:].view(1, 1, 8, 64), k, v, None, 0, {}) is None
+
+
+def test_device_index_of_indexed_and_bare_devices(monkeypatch) -> None:
+    from attncompiler.runtime.launch import device_index
+
+    assert device_index(torch.device("cuda", 3)) == 3
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    assert device_index(torch.device("cuda")) == 5

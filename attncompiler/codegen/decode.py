@@ -14,7 +14,7 @@ from ..ir.types import AttentionIR
 from ..plan.decode import DECODE_MAX_SPLITS, plan_decode
 from ..plan.targets import Target
 from ..runtime import decode as rt
-from ..runtime.launch import AttnInputs
+from ..runtime.launch import AttnInputs, device_index
 from ..runtime.params import c_struct
 from .hooks import render_prelude
 from .render import render_source
@@ -67,7 +67,7 @@ class DecodeSchedule:
         """Launch the split (and, with several splits and no ``fold_combine``, the combine) kernel on
         torch's current stream; ``params.workspace`` must hold :meth:`workspace_floats` floats (with
         ``fold_combine`` its counter slice is zeroed here, on the same stream, before the launch)."""
-        idx = device.index if device.index is not None else torch.cuda.current_device()
+        idx = device_index(device)
         key = (ks.source, ks.arch, idx)  # str hashes are cached: a hit is cheap (no sha256 of the source)
         fns = _FUNCTIONS.get(key)
         if fns is None:

@@ -19,7 +19,7 @@ import torch
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from ..plan.v3 import V3Plan, plan_v3
-from ..runtime.launch import AttnInputs
+from ..runtime.launch import AttnInputs, device_index
 from ..runtime.scoreskip import prepare_score_skip
 from .hooks import render_prelude
 from .render import render_source
@@ -111,7 +111,7 @@ class V3Schedule:
         from ..runtime.fastpath import FastLaunch, maps_by_pointers
         from ..runtime.tma import attn_maps
 
-        idx = device.index if device.index is not None else torch.cuda.current_device()
+        idx = device_index(device)
         fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
         if fn is None:
             fn = compile_kernel(ks.source, ks.arch, idx, ks.entry)
@@ -136,7 +136,7 @@ class V3Schedule:
                        device: torch.device) -> None:
         """Launch :meth:`forward_launch`'s kernel with ``params``."""
         fl = self.forward_launch(ks, dims, buffers, device)
-        fl.launch(params, device.index if device.index is not None else torch.cuda.current_device())
+        fl.launch(params, device_index(device))
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ from ..plan.model import PlanError
 from ..plan.targets import Target
 from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_auto_refusal, v3_bwd_refusal
 from .compiler import LoadedKernel, allow_dynamic_smem, compile_functions
-from .launch import AttnInputs, InputError, check_inputs, launch_structs, pack_params, prepare_buffers
+from .launch import AttnInputs, InputError, check_inputs, device_index, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .tma import tma_layout_error
 
@@ -216,7 +216,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     src = tma_checked_source(src, ir, target, (("q", q), ("k", k), ("v", v), ("dout", dout)),
                              deterministic=deterministic, options=options)
     plan = src.plan
-    dev_idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    dev_idx = device_index(q.device)
     fns = load_bwd(src, dev_idx)
     if poison:
         dk.fill_(fill)

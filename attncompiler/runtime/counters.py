@@ -62,12 +62,14 @@ def counters(device: Any, count: int) -> int | None:
     has room (the caller then zeroes counters of its own, in the call)."""
     import torch
 
+    from .launch import device_index
+
     if count <= 0:
         raise ValueError(f"expected a positive number of counters, got {count}")
     if count > ARENA_INTS:
         raise ValueError(f"expected at most {ARENA_INTS} counters per launch, got {count}")
     dev = torch.device(device)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = device_index(dev)
     stream = torch.cuda.current_stream(index)
     capturing = torch.cuda.is_current_stream_capturing()
     with _lock:

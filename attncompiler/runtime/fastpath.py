@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .launch import launch_structs
+from .launch import device_index, launch_structs
 
 __all__ = ["FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe", "remember",
            "maps_by_pointers", "stats"]
@@ -140,7 +140,7 @@ def recipe(fl: FastLaunch, params: ctypes.Structure, q: torch.Tensor, o: torch.T
     """The recipe of a call the full path just launched with ``params`` (o in q's layout, as that path allocates
     it)."""
     heads_inner = q.stride(1) < q.stride(2)
-    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    idx = device_index(q.device)
     return ForwardRecipe(fl, idx, bytes(params), type(params),
                          tuple(o.shape[i] for i in ((0, 2, 1, 3) if heads_inner else (0, 1, 2, 3))), heads_inner,
                          tuple(lse.shape) if lse is not None else None, p_drop, o.dtype, o.device,

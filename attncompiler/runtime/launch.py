@@ -17,8 +17,8 @@ from ..philox import dropout_threshold
 from . import blockstats
 from .params import PARAM_FIELDS, buffer_fields, ctypes_struct, set_strides
 
-__all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "check_out", "prepare_buffers", "pack_params", "launch",
-           "launch_structs", "raw_stream"]
+__all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "check_out", "prepare_buffers", "pack_params",
+           "launch", "launch_structs", "raw_stream", "device_index"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _MAX_GRID_Y = 65535
@@ -233,6 +233,11 @@ def launch_structs(
     args = (ctypes.c_void_p * len(structs))(*(ctypes.addressof(s) for s in structs))
     driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], block, 1, 1, smem_bytes, raw_stream(idx),
                         ctypes.addressof(args), 0)
+
+
+def device_index(device: torch.device) -> int:
+    """The CUDA device index of ``device`` (a bare ``cuda`` device: the current one)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def raw_stream(device_index: int | None) -> int:

@@ -50,9 +50,9 @@ def launch_row_norms(ks: Any, dims: Any, params: ctypes.Structure, device: torch
     strides) and point ``params.row_norms_sq`` at the result: float32 (B*H + B*H_kv,), the largest squared row
     norms of q per (b, h), then of k per (b, h_kv).  Returns the table (keep it until the launch is queued)."""
     from .compiler import compile_functions
-    from .launch import launch_structs
+    from .launch import device_index, launch_structs
 
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = device_index(device)
     fn = _loaded.get((ks, idx))  # (the source string caches its hash: no sha256 per call)
     if fn is None:
         loaded = compile_functions(ks.source, ks.arch, idx, (ks.entry, NORMS_ENTRY))[NORMS_ENTRY]

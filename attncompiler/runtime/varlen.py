@@ -37,7 +37,8 @@ from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from ..plan.v3_grid import without_persistent_grid
 from .compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
-from .launch import AttnInputs, InputError, check_index_limit, check_out, launch, pack_params, prepare_buffers
+from .launch import (AttnInputs, InputError, check_index_limit, check_out, device_index, launch, pack_params,
+                     prepare_buffers)
 
 if TYPE_CHECKING:
     from ..codegen.v3_bwd import DqTiles
@@ -258,7 +259,7 @@ def _load(ks: KernelSource, device: int) -> LoadedKernel:
 
 
 def _dev_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return device_index(t.device)
 
 
 def _set_cu(P: Any, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
