@@ -1,13 +1,13 @@
 #!/bin/bash
 # A session's first device call after launch-path changes made without a GPU: the full GPU suite (its log to $OUT;
 # the slowest tests listed; faulthandler names a test that hangs past 150 s), then the long fuzz from $FUZZ_START
-# for what time is left. The thirty-seventh session left untested on the GPU: calls under CUDA graph capture taking
-# the full path, recipes keyed by the captured buffers' versions, the fuzz's repeated calls, the precompile's ptxas
-# reports and the re-plan's parallel waves.
+# for what time is left (FUZZ_S seconds; SUITE_WORKERS: pytest-xdist workers, default 8). The thirty-eighth session
+# left untested on the GPU: precompile_to_disk's lock and its skip of kernels already on disk (the suite's modules
+# with a precompiling fixture: test_gpu_fuzz, test_gpu_backward, test_gpu_variants, test_gpu_v3_bwd).
 set -u
 export PYTHONPATH=$PWD
 out=${OUT:-/tmp}
-timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n 8 -o addopts="" -q -rf \
+timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n ${SUITE_WORKERS:-8} -o addopts="" -q -rf \
   -o faulthandler_timeout=150 --durations=25 > "$out/suite.log" 2>&1
 echo "PYTEST_RC=$?"
 grep -E "^(FAILED|ERROR)|passed|failed|Timeout|most recent call first" "$out/suite.log" | tail -30

@@ -92,3 +92,59 @@ def test_allow_dynamic_smem_opts_in_above_48k(monkeypatch: pytest.MonkeyPatch, n
         assert calls == [(0x1234, 8, nbytes, [3])]
     else:
         assert calls == []
+
+
+def _fake_disk(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The disk cache in tmp_path, keyed by the source text (no NVRTC needed)."""
+    from attncompiler.runtime import compiler
+
+    monkeypatch.setenv("ATTNCOMPILER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ATTNCOMPILER_DISABLE_CACHE", raising=False)
+    monkeypatch.setattr(compiler, "_disk_paths",
+                        lambda src, arch: (tmp_path / f"{src}-{arch}.cubin", tmp_path / f"{src}-{arch}.json"))
+
+
+def test_precompile_compiles_only_what_the_disk_lacks(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from attncompiler.runtime import compiler
+
+    _fake_disk(monkeypatch, tmp_path)
+    calls: list = []
+    monkeypatch.setattr(compiler, "_compile_in_pool", lambda jobs, workers: calls.append((list(jobs), workers)))
+    for name in ("a-sm_90a.cubin", "a-sm_90a.json", "b-sm_90a.cubin"):  # b's report is missing
+        (tmp_path / name).write_bytes(b"x")
+    jobs = [("a", "sm_90a"), ("b", "sm_90a"), ("c", "sm_90a"), ("a", "sm_90a")]
+    assert compiler.precompile_to_disk(jobs, workers=3) == 3
+    assert calls == [([("b", "sm_90a"), ("c", "sm_90a")], 3)]
+    for name in ("b-sm_90a.json", "c-sm_90a.cubin", "c-sm_90a.json"):
+        (tmp_path / name).write_bytes(b"x")
+    assert compiler.precompile_to_disk(jobs) == 3 and len(calls) == 1  # all on disk: no pool at all
+
+
+def test_precompiles_take_turns(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Two precompiles at once (xdist workers: processes; here threads, which the file lock excludes alike): the
+    second waits for the first and then finds its kernels on disk."""
+    import threading
+    import time
+
+    from attncompiler.runtime import compiler
+
+    _fake_disk(monkeypatch, tmp_path)
+    active, log = [0], []
+
+    def pool(jobs, workers):
+        active[0] += 1
+        log.append((tuple(jobs), active[0]))
+        time.sleep(0.3)
+        for src, arch in jobs:
+            for p in compiler._disk_paths(src, arch):
+                p.write_bytes(b"x")
+        active[0] -= 1
+
+    monkeypatch.setattr(compiler, "_compile_in_pool", pool)
+    jobs = [("k1", "sm_90a"), ("k2", "sm_90a")]
+    threads = [threading.Thread(target=compiler.precompile_to_disk, args=(jobs,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert log == [(tuple(jobs), 1)]  # one compile, never two at once

@@ -210,13 +210,18 @@ def compile_functions(source: str, arch: str, device: int, entries: tuple[str, .
     return out
 
 
+def _disk_paths(source: str, arch: str) -> tuple[Path, Path]:
+    """Where the disk cache keeps the cubin of (source, arch) and ptxas's report of it."""
+    dkey = _disk_key(source, arch)
+    return env.cache_dir() / "cubin" / f"{dkey}.cubin", env.cache_dir() / "ptxas" / f"{dkey}.json"
+
+
 def _nvrtc_to_disk(source: str, arch: str) -> str:
     """Worker of :func:`precompile_to_disk` (a separate process): NVRTC -> the disk cache, the cubin and ptxas's
     report both (``compile`` asks for the report of every v3 kernel it builds: without it on disk, each would be
     compiled again, one at a time)."""
-    dkey = _disk_key(source, arch)
-    path = env.cache_dir() / "cubin" / f"{dkey}.cubin"
-    if path.is_file() and (env.cache_dir() / "ptxas" / f"{dkey}.json").is_file():
+    path, report = _disk_paths(source, arch)
+    if path.is_file() and report.is_file():
         return str(path)
     ptxas_report(source, arch)  # (its cubin stays in memory: the same compile)
     cubin = _cubins.pop((hashlib.sha256(source.encode()).hexdigest(), arch), None)
@@ -227,18 +232,43 @@ def _nvrtc_to_disk(source: str, arch: str) -> str:
     return str(path)
 
 
-def precompile_to_disk(jobs: list[tuple[str, str]], workers: int | None = None) -> int:
-    """Compile (source, arch) pairs with NVRTC in parallel processes into the disk cache, so that
-    later :func:`compile_kernel` calls only load.  Returns how many were compiled (or found)."""
-    if not env.disk_cache_enabled() or not jobs:
-        return 0
+#: how long :func:`precompile_to_disk` waits for another process's precompile before compiling unlocked
+PRECOMPILE_LOCK_S = 900.0
+
+
+def _compile_in_pool(jobs: list[tuple[str, str]], workers: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        list(ex.map(_nvrtc_to_disk, *zip(*jobs)))
+
+
+def precompile_to_disk(jobs: list[tuple[str, str]], workers: int | None = None) -> int:
+    """Compile (source, arch) pairs with NVRTC in parallel processes into the disk cache, so that
+    later :func:`compile_kernel` calls only load.  Returns how many were compiled (or found).
+
+    One process at a time precompiles (a file lock in the cache folder), and only what the disk does not hold
+    yet: the GPU suite's workers (pytest-xdist) each run a module's precompiling fixture, and without the lock
+    they compiled the same kernels side by side, eight times over on 16 cores."""
+    if not env.disk_cache_enabled() or not jobs:
+        return 0
+    from .filelock import FileLock, LockTimeout
+
     uniq = list(dict.fromkeys(jobs))
-    n = workers or min(len(uniq), os.cpu_count() or 1)
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as ex:
-        return len(list(ex.map(_nvrtc_to_disk, *zip(*uniq))))
+    env.cache_dir().mkdir(parents=True, exist_ok=True)
+    lock = FileLock(env.cache_dir() / "precompile.lock", timeout=PRECOMPILE_LOCK_S, poll=0.2)
+    try:
+        lock.acquire()
+    except LockTimeout:
+        pass  # (another process has held it far too long: compile what is missing anyway)
+    try:
+        todo = [(src, arch) for src, arch in uniq if not all(p.is_file() for p in _disk_paths(src, arch))]
+        if todo:
+            _compile_in_pool(todo, workers or min(len(todo), os.cpu_count() or 1))
+    finally:
+        lock.release()
+    return len(uniq)
 
 
 @dataclass(frozen=True)
