@@ -7,7 +7,11 @@
 set -u
 export PYTHONPATH=$PWD
 out=${OUT:-/tmp}
-timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n ${SUITE_WORKERS:-8} -o addopts="" -q -rf \
+# worksteal (pytest-xdist >= 3.2) moves queued tests off a worker that waits in a module's precompiling fixture
+dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); \
+print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
+echo "pytest-xdist --dist $dist, ${SUITE_WORKERS:-8} workers"
+timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n ${SUITE_WORKERS:-8} --dist "$dist" -o addopts="" -q -rf \
   -o faulthandler_timeout=150 --durations=25 > "$out/suite.log" 2>&1
 echo "PYTEST_RC=$?"
 grep -E "^(FAILED|ERROR)|passed|failed|Timeout|most recent call first" "$out/suite.log" | tail -30
