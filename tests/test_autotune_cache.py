@@ -312,7 +312,8 @@ def test_compile_auto_uses_tuned_v3_and_auto_entries(tuned_dir: Path, fake_gpu: 
                                                                        "half_blocks": False,
                                                                        "tiles_by_head": True,
                                                                        "q_prefetch": False,
-                                                                       "tile_list": False, "s_ahead": False}  # a stored entry's
+                                                                       "tile_list": False,
+                                                                       "s_ahead": False}  # a stored entry's
     # missing options take the planner's defaults
     assert kern.plan.reasons[0].startswith("autotuned on NVIDIA H100 80GB HBM3 for seqlen bucket 4096 (hint 4096): v3")
     # an "auto" entry won by v2 gives a v2 kernel

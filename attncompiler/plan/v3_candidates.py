@@ -22,8 +22,8 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     persistent grid with the other tile order (``tiles_by_head``) and with the next Q a tile ahead
     (``q_prefetch``, or without where the model's has it), with a mask on the persistent grid the other tile dealing
     (``tile_list``), the model's plan with its first two S GEMMs in one turn or without (``s_ahead``, where
-    BLOCK_N = DV), and with a mask its half-block plan (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
-    ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
+    BLOCK_N = DV), and with a mask its half-block plan (``half_blocks``, at the model's grid).  Each is checked
+    by :func:`plan_v3` (registers, shared memory); ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
     differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
     Raises :class:`PlanError` where v3 cannot run at all (not sm_90, head dims).
