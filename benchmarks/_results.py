@@ -18,6 +18,16 @@ def option_value(v: str) -> Any:
     return int(v) if v.lstrip("-").isdigit() else v
 
 
+def sweep_item(item: str) -> tuple[int, str, dict[str, Any], int, int, int]:
+    """``d:variant[:option=value...]`` as the sweeps write it: (d, variant, plan options, N, B, H), with ``n=`` the
+    sequence length (default 16k) and B*N = 16k tokens, H*d = 2048."""
+    d_s, var, *opts = item.split(":")
+    d = int(d_s)
+    options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
+    N = int(options.pop("n", 16384))
+    return d, var, options, N, 16384 // N, 2048 // d
+
+
 def device_banner(extra: str = "") -> str:
     """Print ``# <device>, torch <version><extra>`` and return the device name."""
     dev = torch.cuda.get_device_name()

@@ -13,7 +13,7 @@ import cProfile
 import pstats
 
 import torch
-from _results import option_value
+from _results import sweep_item
 from bench_v3 import _spec
 from host_forward import _busy_time
 
@@ -29,11 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=16)
     args = ap.parse_args(argv)
     for item in args.items.split(","):
-        d_s, var, *opts = item.split(":")
-        d = int(d_s)
-        options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
-        N = int(options.pop("n", 16384))
-        B, H = 16384 // N, 2048 // d
+        d, var, options, N, B, H = sweep_item(item)
         q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         kern = ac.compile(_spec(var, d, H, N), "v3", **options)
         o, lse = kern(q, k, v, return_lse=True)

@@ -14,7 +14,7 @@ import pstats
 import time
 
 import torch
-from _results import option_value
+from _results import sweep_item
 from bench_v3 import _spec
 
 
@@ -30,11 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", action="store_true", help="time each step of the call alone (no cProfile)")
     args = ap.parse_args(argv)
     for item in args.items.split(","):
-        d_s, var, *opts = item.split(":")
-        d = int(d_s)
-        options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
-        N = int(options.pop("n", 16384))
-        B, H = 16384 // N, 2048 // d
+        d, var, options, N, B, H = sweep_item(item)
         q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         kern = ac.compile(_spec(var, d, H, N), "v3", **options)
         for _ in range(10):

@@ -7,23 +7,9 @@ shows as a loop that takes the sleep's length), beside torch SDPA's pieces.
 from __future__ import annotations
 
 import argparse
-import time
-from typing import Callable
 
 import torch
-
-
-def busy_us(fn: Callable[[], None], n: int) -> float:
-    """Microseconds per ``fn()`` while the GPU sleeps (the best of three loops)."""
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda._sleep(3_000_000_000)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
+from host_forward import _busy_time
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
-            print(f"  round {r} {name:22s} {busy_us(fn, args.steps):8.1f}", flush=True)
+            print(f"  round {r} {name:22s} {_busy_time(fn, args.steps):8.1f}", flush=True)
     del out, sout
     return 0
 
