@@ -404,8 +404,7 @@ def compile(
     Plan options (``block_m``, ``block_n``, ``num_warps``, ``q_in_regs``, ``stages`` for v2;
     ``block_m`` (64: one consumer warpgroup and two CTAs per SM; 128, 192), ``block_n``, ``stages``,
     ``persistent``, ``exp2_poly``, ``kv_descending``, ``score_skip``, ``q_prescale``, ``late_pv_wait``,
-    ``tma_store_o``, ``softmax_copies``, ``half_blocks``, ``tiles_by_head``, ``q_prefetch``, ``tile_list``,
-    ``s_ahead`` for v3:
+    ``tma_store_o``, ``softmax_copies``, ``half_blocks``, ``tiles_by_head``, ``q_prefetch``, ``tile_list`` for v3:
     :data:`attncompiler.plan.v3.V3_OPTIONS`;
     ``sram_budget`` for
     v1) override the planner's

@@ -11,18 +11,13 @@ out=${OUT:-/tmp}
 dist=$(python3 -c "import xdist; v = tuple(int(x) for x in xdist.__version__.split('.')[:2]); \
 print('worksteal' if v >= (3, 2) else 'load')" 2>/dev/null || echo load)
 echo "pytest-xdist --dist $dist, ${SUITE_WORKERS:-8} workers"
-# SUITE_IGNORE: test files left to a script of their own with its own timeout (a kernel that deadlocks hangs its xdist
-# worker and the whole suite): the s_ahead tests until run_s_ahead.sh has passed on a GPU once (SUITE_IGNORE= runs all)
-ignore=""
-for f in ${SUITE_IGNORE-tests/test_v3_s_ahead.py}; do ignore="$ignore --ignore=$f"; done
-echo "ignored: ${ignore:-none}"
-timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n ${SUITE_WORKERS:-8} --dist "$dist" $ignore -o addopts="" -q -rf \
+timeout ${SUITE_S:-540} python3 -m pytest -m gpu -p no:cacheprovider -n ${SUITE_WORKERS:-8} --dist "$dist" -o addopts="" -q -rf \
   -o faulthandler_timeout=150 --durations=25 > "$out/suite.log" 2>&1
 echo "PYTEST_RC=$?"
 grep -E "^(FAILED|ERROR)|passed|failed|Timeout|most recent call first" "$out/suite.log" | tail -30
 grep -A27 "slowest 25 durations" "$out/suite.log" | tail -26
 if [ "${FUZZ_S:-0}" -gt 0 ]; then
-  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-102937}" --v1-every 0 --bwd-every 0 \
+  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-103033}" --v1-every 0 --bwd-every 0 \
     --decode-every 0 --v3-every 1 --chunk 24 > "$out/fuzz.log" 2>&1
   tail -4 "$out/fuzz.log"
 fi

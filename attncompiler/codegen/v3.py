@@ -75,7 +75,6 @@ class V3Schedule:
             half_blocks=plan.half_blocks,
             q_prefetch=plan.q_prefetch,
             tile_list=plan.tile_list,
-            s_ahead=plan.s_ahead,
             smem_bytes=plan.smem_bytes,
             varlen=varlen,
         )

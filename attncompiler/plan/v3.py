@@ -35,7 +35,7 @@ from .targets import Target
 from .v3_grid import (MIN_STAGES_WITH_O_TILE, balanced_tiles, q_prefetch_choice, q_prefetch_default,
                       tile_list_choice, tiles_by_head_choice)
 from .v3_softmax import (LATE_PV_WAIT_MIN_DV, LATE_PV_WAIT_MIN_DV_SEPARABLE,  # noqa: F401 (re-exported)
-                         HALF_BLOCKS_DEFAULT, half_blocks_choice, s_ahead_choice, softmax_layout)
+                         HALF_BLOCKS_DEFAULT, half_blocks_choice, softmax_layout)
 
 __all__ = [
     "V3Plan", "plan_v3", "register_pool", "v3_smem_bytes", "v3_register_estimate", "WGMMA_M", "CONSUMER_WGS",
@@ -128,7 +128,7 @@ BLOCK_N_CHOICES = tuple(range(256, 15, -16))
 #: the plan options :func:`plan_v3` takes (block_m 128 or 192; num_warps only at block_m's value)
 V3_OPTIONS = ("block_n", "stages", "persistent", "block_m", "num_warps", "exp2_poly", "kv_descending", "score_skip",
               "q_prescale", "late_pv_wait", "tma_store_o", "softmax_copies", "half_blocks", "tiles_by_head",
-              "q_prefetch", "tile_list", "s_ahead")
+              "q_prefetch", "tile_list")
 #: ``softmax_copies`` / ``late_pv_wait``: the main loop's softmax layout (:mod:`attncompiler.plan.v3_softmax`)
 #: EXP2_POLY default: of every 8 n8 tiles of S, how many take the FMA-pipe exponential (ac_exp2_poly)
 #: instead of MUFU ex2.  None by default: measured on an H100 (2026-11-21, N = 16k, bf16), moving 1/8 .. 6/8
@@ -165,7 +165,6 @@ class V3Plan(Plan):
     tiles_by_head: bool = False
     q_prefetch: bool = False
     tile_list: bool = False
-    s_ahead: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -175,7 +174,7 @@ class V3Plan(Plan):
                 "score_skip": self.score_skip, "q_prescale": self.q_prescale, "late_pv_wait": self.late_pv_wait,
                 "tma_store_o": self.tma_store_o, "softmax_copies": self.softmax_copies,
                 "half_blocks": self.half_blocks, "tiles_by_head": self.tiles_by_head, "q_prefetch": self.q_prefetch,
-                "tile_list": self.tile_list, "s_ahead": self.s_ahead}
+                "tile_list": self.tile_list}
 
     def _config_lines(self) -> list[str]:
         dealt = "; tiles dealt to the CTAs by a host list" if self.tile_list else ""
@@ -295,8 +294,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
             q_prescale: bool | None = None, late_pv_wait: bool | None = None,
             tma_store_o: bool | None = None, softmax_copies: int | None = None,
             half_blocks: bool | None = None, tiles_by_head: bool | None = None,
-            q_prefetch: bool | None = None, tile_list: bool | None = None,
-            s_ahead: bool | None = None) -> V3Plan:
+            q_prefetch: bool | None = None, tile_list: bool | None = None) -> V3Plan:
     """The v3 configuration on ``target`` (sm_90 only), or the forced ``block_n`` / ``stages``.
 
     Without a forced ``block_m`` / ``num_warps``, a mask whose query blocks see a narrow band of keys may take
@@ -306,7 +304,7 @@ def plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | None
                               kv_descending=kv_descending, score_skip=score_skip, q_prescale=q_prescale,
                               late_pv_wait=late_pv_wait, tma_store_o=tma_store_o, softmax_copies=softmax_copies,
                               half_blocks=half_blocks, tiles_by_head=tiles_by_head, q_prefetch=q_prefetch,
-                              tile_list=tile_list, s_ahead=s_ahead)
+                              tile_list=tile_list)
     base = _plan_v3(ir_or_dims, target, block_m=block_m, num_warps=num_warps, **kw)
     mask = getattr(ir_or_dims, "mask_expr", None)
     if block_m is not None or num_warps is not None or base.block_m != WGMMA_M * CONSUMER_WGS or mask is None:
@@ -331,8 +329,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
              q_prescale: bool | None = None, late_pv_wait: bool | None = None,
              tma_store_o: bool | None = None, softmax_copies: int | None = None,
              half_blocks: bool | None = None, tiles_by_head: bool | None = None,
-             q_prefetch: bool | None = None, tile_list: bool | None = None,
-             s_ahead: bool | None = None) -> V3Plan:
+             q_prefetch: bool | None = None, tile_list: bool | None = None) -> V3Plan:
     """:func:`plan_v3` for one BLOCK_M (the model's two-consumer default unless forced)."""
     dims = resolve_dims(ir_or_dims)
     t = resolve_target(target)
@@ -563,10 +560,6 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
                                             half_blocks=half_blocks)
     if why_halves is not None:
         reasons.append(why_halves)
-    ahead, why_ahead = s_ahead_choice(block_n=bn, dv=dv, block_m=bm, consumers=nc, stages=st, masked=getattr(
-        ir_or_dims, "mask_expr", None) is not None, separable=sep_any, half_blocks=halves, s_ahead=s_ahead)
-    if why_ahead is not None:
-        reasons.append(why_ahead)
     if grid_why is not None:
         reasons.append(grid_why)
     if o_tile:
@@ -590,5 +583,5 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
         consumer_regs=consumer_regs, persistent=bool(persistent), sm_count=t.sm_count, exp2_poly=poly,
         kv_descending=desc, score_skip=skip, q_prescale=qpre, late_pv_wait=late, tma_store_o=o_tile,
         softmax_copies=copies, half_blocks=halves, tiles_by_head=by_head, q_prefetch=qpf,
-        tile_list=dealt, s_ahead=ahead,
+        tile_list=dealt,
     )

@@ -21,9 +21,9 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
     with TMA stores of O (``tma_store_o``); and the model's tile with the other number of softmax copies, on the
     persistent grid with the other tile order (``tiles_by_head``) and with the next Q a tile ahead
     (``q_prefetch``, or without where the model's has it), with a mask on the persistent grid the other tile dealing
-    (``tile_list``), the model's plan with its first two S GEMMs in one turn or without (``s_ahead``, where
-    BLOCK_N = DV), and with a mask its half-block plan (``half_blocks``, at the model's grid).  Each is checked
-    by :func:`plan_v3` (registers, shared memory); ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
+    (``tile_list``), and with a mask its half-block plan
+    (``half_blocks``, at the model's grid).  Each is checked by :func:`plan_v3` (registers, shared memory);
+    ranked by distance from the model's choice: steps of 16 in BLOCK_N (+1 above the model's width: wider S
     tiles risk spills) + stages fewer than the model's + 1 for each of ``persistent`` / ``tma_store_o`` that
     differs from the model's + 1 for the other BLOCK_M; ties the model's BLOCK_M, wider, then deeper first.
     Raises :class:`PlanError` where v3 cannot run at all (not sm_90, head dims).
@@ -63,11 +63,6 @@ def candidates_v3(ir_or_dims: Any, target: Target | str | None, *, max_steps: in
         # tiles of different lengths dealt by a host list, or the round robin (plan/v3_grid.py tile_list_choice)
         dealt = plan_v3(ir_or_dims, target, **{**base.options, "tile_list": not base.tile_list})
         ranked.append(((1, 0, -dealt.block_n, -dealt.stages, 0), dealt.options))
-    try:  # the tile's first two S GEMMs in one turn, or not (plan/v3_softmax.py s_ahead_choice)
-        sa = plan_v3(ir_or_dims, target, **{**base.options, "s_ahead": not base.s_ahead})
-        ranked.append(((1, 0, -sa.block_n, -sa.stages, 0), sa.options))
-    except PlanError:
-        pass
     if getattr(ir_or_dims, "mask_expr", None) is not None:  # half blocks, at the model's grid (BLOCK_N may narrow)
         try:
             half = plan_v3(ir_or_dims, target, half_blocks=True, persistent=base.persistent,

@@ -1,5 +1,5 @@
 """v3 planning: how the consumer's main loop lays out its softmax and GEMMs (plan options ``softmax_copies``,
-``late_pv_wait``, ``half_blocks`` and ``s_ahead``).
+``late_pv_wait`` and ``half_blocks``).
 
 Every K/V block either needs the masked softmax (a PARTIAL tile for the warpgroup's rows, or the ragged last
 block) or not.  The kernel either keeps **two copies** of the softmax, one per kind, and branches on the block's
@@ -23,8 +23,8 @@ from __future__ import annotations
 from .model import PlanError
 
 __all__ = ["LATE_PV_WAIT_DEFAULT", "LATE_PV_WAIT_MIN_DV", "LATE_PV_WAIT_MIN_DV_SEPARABLE", "MASK_TWO_COPIES_MAX_BN",
-           "MASK_TWO_COPIES_MAX_DV", "SEPARABLE_TWO_COPIES_MIN_DV", "HALF_BLOCKS_DEFAULT", "S_AHEAD_DEFAULT",
-           "softmax_layout", "half_blocks_choice", "s_ahead_choice"]
+           "MASK_TWO_COPIES_MAX_DV", "SEPARABLE_TWO_COPIES_MIN_DV", "HALF_BLOCKS_DEFAULT", "softmax_layout",
+           "half_blocks_choice"]
 
 #: ``late_pv_wait``: in a kernel with one softmax copy the option branches right after the softmax on the block's
 #: class (uniform over the warpgroup, as wgmma.wait_group's .aligned asks) and waits in both arms, which keeps the
@@ -136,43 +136,3 @@ def half_blocks_choice(*, masked: bool, block_n: int, half_blocks: bool | None) 
         return True, (f"half blocks (forced): a K/V block whose low or high {block_n // 2} keys are EMPTY for a "
                       f"consumer warpgroup's rows takes its GEMMs over the other half only")
     return False, None
-
-
-#: ``s_ahead``: a tile's first turn issues S_0 and S_1 (S_1 into O's registers, zero until the first P V) and its
-#: second turn P_0 V_0 alone, so the first softmax runs under S_1 and the other warpgroup's first turn, and the
-#: second softmax starts without waiting for its S. A model of the ping-pong at the start of a 9-block tile (S or
-#: P V of one warpgroup 0.41 us on the tensor cores, the first softmax 0.77 us: thirty-third session's traces) puts
-#: the tensor cores' idle time per tile at ~0.38 us without it and ~0.02 us with it (docs/perf-notes.md,
-#: thirty-eighth session). Off until measured on the GPU.
-S_AHEAD_DEFAULT = False
-
-
-def s_ahead_choice(*, block_n: int, dv: int, block_m: int, consumers: int, stages: int, masked: bool,
-                   separable: bool, half_blocks: bool, s_ahead: bool | None) -> tuple[bool, str | None]:
-    """(s_ahead, reason or None). It needs O's registers to hold an S tile (BLOCK_N = DV), S to start at zero (no
-    separable score_mod, whose column term may start in the accumulator), whole blocks (no half blocks), one walk
-    for every consumer warpgroup (no mask with BLOCK_N < BLOCK_M) and K_0 and K_1 resident at once (two stages or
-    more); forced where one of these fails, a PlanError names it."""
-    if s_ahead is not None and not isinstance(s_ahead, bool):
-        raise PlanError(f"v3: expected s_ahead a bool, got {s_ahead!r}")
-    why_not = None
-    if block_n != dv:
-        why_not = f"BLOCK_N = DV (O's registers hold the second S tile), got BLOCK_N {block_n}, DV {dv}"
-    elif separable:
-        why_not = "no separable score_mod (its column term may start in the S accumulator), got one"
-    elif half_blocks:
-        why_not = "whole K/V blocks, got half_blocks"
-    elif stages < 2:
-        why_not = f"two K/V stages or more (K_0 and K_1 resident at once), got {stages}"
-    elif masked and consumers >= 2 and block_n < block_m:
-        why_not = (f"one K/V walk for every consumer warpgroup, got a mask with BLOCK_N {block_n} < BLOCK_M "
-                   f"{block_m} (per-warpgroup walks)")
-    if s_ahead is None:
-        on = S_AHEAD_DEFAULT and why_not is None
-        return on, ("a tile's first two S GEMMs in its first turn (S_AHEAD_DEFAULT)" if on else None)
-    if not s_ahead:
-        return False, None
-    if why_not is not None:
-        raise PlanError(f"v3: s_ahead expected {why_not}")
-    return True, ("a tile's first turn issues S_0 and S_1 (S_1 into O's registers), its second P_0 V_0 alone "
-                  "(s_ahead forced): the first softmax runs under S_1")

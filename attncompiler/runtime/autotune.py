@@ -149,7 +149,7 @@ def format_options(o: Mapping[str, Any], schedule: str = "") -> str:
         return head + "(model default)"
     short = {"block_m": "BM", "block_n": "BN", "num_warps": "W", "q_in_regs": "Qreg", "stages": "S",
              "sram_budget": "M", "persistent": "P", "tma_store_o": "TS",
-             "q_prefetch": "QP", "tile_list": "TL", "s_ahead": "SA"}
+             "q_prefetch": "QP", "tile_list": "TL"}
     return head + " ".join(f"{short.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in o.items())
 
 

@@ -114,44 +114,17 @@ struct V3Consumer {
   // low 14 bits and never carries: shared addresses < 256 KB); the base goes through an opaque move
   // so the compiler recomputes the per-step descriptors (uniform adds) instead of keeping D/8 of them
   // live across the loop.
-  __device__ __forceinline__ void issue_qk(unsigned int sQ, unsigned int sK, int wg) { issue_qk_to(acc_s, sQ, sK, wg); }
-
-  // S_AHEAD: a tile's second S GEMM, issued in the turn of its first, into O's registers (O is zero until the
-  // first P V, which take_s_from_o precedes); the same wgmma shape as acc_s's (BLOCK_N = DV).
-  __device__ __forceinline__ void issue_qk_into_o(unsigned int sQ, unsigned int sK, int wg) {
-    static_assert(NO == NS && !kSepInAcc, "S_AHEAD: O's registers hold an S tile (BLOCK_N = DV), no start values");
-    issue_qk_to(acc_o, sQ, sK, wg);
-  }
-  // S_AHEAD: the second block's S from O's registers into acc_s (after its wait). O is not zeroed: the tile's first
-  // P V (issue_pv_first) overwrites it (zeroing made ptxas keep 64 more registers live there: spills).
-  __device__ __forceinline__ void take_s_from_o() {
-    if constexpr (NO == NS) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) acc_s[i] = acc_o[i];
-    }
-  }
-  // S_AHEAD: a tile's first P V: O = P V (its first k16 step with scale_d 0), whatever O's registers held.
-  __device__ __forceinline__ void issue_pv_first(unsigned int sV) {
-    reg_fence(acc_o);
-    const unsigned long long dv = opaque_u64(wgmma_desc_sw128(sV, BN * 128, 1024));
-    wgmma_pv_set(acc_o, p_frag[0], dv);
-#pragma unroll
-    for (int kk = 1; kk < L::KT_PV; ++kk) wgmma_pv(acc_o, p_frag[kk], dv + ((kk * 16 * 128) >> 4));
-    reg_fence(acc_o);
-  }
-
-  template <int N>
-  __device__ __forceinline__ void issue_qk_to(float (&d)[N], unsigned int sQ, unsigned int sK, int wg) {
-    reg_fence(d);
+  __device__ __forceinline__ void issue_qk(unsigned int sQ, unsigned int sK, int wg) {
+    reg_fence(acc_s);
     const unsigned long long dq = opaque_u64(wgmma_desc_sw128(sQ + wg * 64 * 128, 16, 1024));
     const unsigned long long dk = opaque_u64(wgmma_desc_sw128(sK, 16, 1024));
 #pragma unroll
     for (int kk = 0; kk < L::D / 16; ++kk) {
       const unsigned int box = kk / 4, off = (kk % 4) * 32;
-      wgmma_qk(d, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + off) >> 4),
+      wgmma_qk(acc_s, dq + ((box * L::BM * 128 + off) >> 4), dk + ((box * BN * 128 + off) >> 4),
                (kk > 0 || kSepInAcc) ? 1 : 0);
     }
-    reg_fence(d);
+    reg_fence(acc_s);
   }
 
   // O += P V (issued, not waited): P from registers, V of one stage as the transposed B.

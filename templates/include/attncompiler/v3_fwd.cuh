@@ -27,9 +27,6 @@
 // meet the K/V range of its own 64 rows (a contiguous run of the CTA's walk); for the others it waits
 // for the stage to land, releases it, and takes its turn without issuing (skip_block), so the ping-pong's
 // turns and the ring's arrivals stay the same for every warpgroup.
-// With S_AHEAD the tile's first turn issues S_0 into acc_s and S_1 into O's registers (unset until then), the second
-// P_0 V_0 alone (its first k16 step overwrites O): the first softmax runs under S_1, and the second starts at once
-// (S_1 moved into acc_s); the loop above runs from block 2. A tile of one block multiplies K_0 twice and zeroes O.
 //
 // Shared memory (from a 1024-byte aligned base; 128-byte swizzle, so every tile is made of
 // 64-column boxes of rows x 128 bytes, 8-row / 1024-byte swizzle atoms):
@@ -55,9 +52,8 @@
 // writes O by TMA stores from an O tile of its own: v3_epilogue_tma; with Q_PREFETCH the Q tile and the O tile take
 // turns, tile number i of the CTA having its Q, then its staged O, in buffer i mod 2, and producer warp 1 stores O and
 // loads the Q of tile i + 2 there: v3_store_warp, v3_epilogue_handoff), SOFTMAX_COPIES (1 or 2: V3Consumer::
-// kTwoSoftmaxCopies), HALF_BLOCKS (a block whose low or high half is EMPTY for a warpgroup's rows takes its
-// GEMMs over the other half: part_of, v3_by_part, V3Consumer::issue_qk_part / issue_pv_part) and S_AHEAD (above:
-// V3Consumer::issue_qk_into_o, take_s_from_o, issue_pv_first; ac::wgmma_pv_set).
+// kTwoSoftmaxCopies) and HALF_BLOCKS (a block whose low or high half is EMPTY for a warpgroup's rows takes its
+// GEMMs over the other half: part_of, v3_by_part, V3Consumer::issue_qk_part / issue_pv_part).
 #pragma once
 
 #include "attncompiler/ranges.cuh"
@@ -208,12 +204,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
   // HALF_BLOCKS with a mask: a block's GEMMs over the half of its keys the warpgroup's rows can see (part_of)
   constexpr bool kHalf = Cfg::HALF_BLOCKS && Variant::kHasMask;
-  // S_AHEAD: a tile's first two S GEMMs in its first turn (the second into O's registers), P_0 V_0 alone in the
-  // next (plan/v3_softmax.py s_ahead_choice)
-  constexpr bool kSAhead = Cfg::S_AHEAD;
-  static_assert(!kSAhead || (!kHalf && !kWgWalk && !Cfg::HALF_BLOCKS && STAGES >= 2),
-                "S_AHEAD: whole blocks, one walk for every warpgroup (no half blocks, no per-warpgroup walk), and K_0 "
-                "and K_1 in two stages at once");
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
@@ -244,10 +234,8 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     const int wq_hi = min(wq_lo + 63, p.Nq - 1);
     const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
 
-    if constexpr (!kSAhead) {  // (S_AHEAD: O's registers take S_1, and the first P V overwrites them)
 #pragma unroll
-      for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-    }
+    for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
     st.row_max[0] = st.row_max[1] = V3Consumer<Cfg>::kStatic ? Variant::kStaticMaxLo : AC_NEG_INF;
     st.row_sum[0] = st.row_sum[1] = 0.f;
     st.set_score_mod(b, h, p, buf);
@@ -324,107 +312,39 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       }
     }
     if (walk.valid(j)) {
+      // Block 0: S_0 only.
       int part = part_of(j);
       st.init_s(j * BN, row0, b, h, p, buf);
+      mbar_wait(full_k(s), phase);
+      turn_wait();
       bool masked;
       int j_next, part_next;
-      int s_prev = s;
-      unsigned int phase_prev = phase;
-      if constexpr (kSAhead) {
-        // Blocks 0 and 1: S_0 and S_1 in one turn (S_1 into O's registers), then P_0 V_0 alone in the next, so
-        // that the first softmax runs under S_1 and the second needs no wait for its S (docs/perf-notes.md,
-        // thirty-eighth session).
-        int s1 = s;
-        unsigned int phase1 = phase;
-        ring_advance<STAGES>(s1, phase1);
-        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-        const bool two = walk.valid(j_next);  // else S_1 multiplies K_0 again (same wgmma sequence), unused
-        mbar_wait(full_k(s), phase);
-        if (two) mbar_wait(full_k(s1), phase1);
-        turn_wait();
+      auto s0_step = [&](int pt) {
         wgmma_fence();
-        st.issue_qk(sQt, sKV0 + s * L::kStageBytes, wg);
-        wgmma_commit();
-        st.issue_qk_into_o(sQt, sKV0 + (two ? s1 : s) * L::kStageBytes, wg);
+        st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
         wgmma_commit();
         turn_grant();
+        // The block walk runs while the GEMMs do: off the path from S to the next issue.
         masked = needs_mask(j);
-        wgmma_wait<1>();
-        reg_fence(st.acc_s);
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
-        if (two) mbar_arrive(empty_k(s));  // (alone, S_1 still reads K_0: its slot is released below)
-        {
-          float alpha[2];
-          st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-          st.convert_p(j * BN, row0, b, h, p);
-        }
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
+        j_next = walk.next(j, b, h, q0, q_hi, p, buf);
+        part_next = part_of(j_next);
         wgmma_wait<0>();
-        reg_fence(st.acc_o);
-        mbar_arrive(empty_k(two ? s1 : s));
-        st.take_s_from_o();
-        if (!two) {  // the tile's one P V is its last (below), which adds to O: O's registers held S_1
-#pragma unroll
-          for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-        }
-        ring_advance<STAGES>(s, phase);
-        j = j_next;
-        if (two) {
-          // Block 1: its S is in acc_s; this turn issues P_0 V_0 alone.
-          mbar_wait(full_v(s_prev), phase_prev);
-          turn_wait();
-          wgmma_fence();
-          st.issue_pv_first(sKV0 + s_prev * L::kStageBytes + L::kKBytes);
-          wgmma_commit();
-          turn_grant();
-          masked = needs_mask(j);
-          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-          float alpha[2];
-          st.softmax_dispatch(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-          wgmma_wait<0>();
-          reg_fence(st.acc_o);
-          reg_fence(st.p_frag);
-          mbar_arrive(empty_v(s_prev));  // P_0 V_0 is done
-          st.rescale_o(alpha);
-          st.convert_p(j * BN, row0, b, h, p);
-          s_prev = s;
-          phase_prev = phase;
-          ring_advance<STAGES>(s, phase);
-          j = j_next;
-#ifdef AC_V3_TRACE
-          ++trace_blocks;
-#endif
-        }
-        part_next = 0;
-      } else {
-        // Block 0: S_0 only.
-        mbar_wait(full_k(s), phase);
-        turn_wait();
-        auto s0_step = [&](int pt) {
-          wgmma_fence();
-          st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
-          wgmma_commit();
-          turn_grant();
-          // The block walk runs while the GEMMs do: off the path from S to the next issue.
-          masked = needs_mask(j);
-          j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-          part_next = part_of(j_next);
-          wgmma_wait<0>();
-        };
-        v3_by_part<Cfg>(st, part, s0_step);
-        reg_fence(st.acc_s);
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
-        mbar_arrive(empty_k(s));
-        {
-          float alpha[2];
-          st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
-          st.convert_p(j * BN, row0, b, h, p);
-        }
-        AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
-        ring_advance<STAGES>(s, phase);
-        j = j_next;
+      };
+      v3_by_part<Cfg>(st, part, s0_step);
+      reg_fence(st.acc_s);
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceS0, threadIdx.x == 128);
+      mbar_arrive(empty_k(s));
+      {
+        float alpha[2];
+        st.template softmax_dispatch<true>(masked, j * BN, row0, tile_exp_scale, b, h, p, buf, alpha);
+        st.convert_p(j * BN, row0, b, h, p);
       }
+      AC_TRACE(AC_TRACE_TILE(tile), kTraceSoftmax0, threadIdx.x == 128);
+      int s_prev = s;
+      unsigned int phase_prev = phase;
       int part_prev = part;
+      ring_advance<STAGES>(s, phase);
+      j = j_next;
       part = part_next;
       while (walk.valid(j) && in_wg(j)) {
         st.init_s(j * BN, row0, b, h, p, buf);
@@ -502,10 +422,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_arrive(empty_v(s_prev));
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
-      if constexpr (kSAhead) {  // no block: O = 0 (S_AHEAD leaves O's registers unset at the tile's start)
-#pragma unroll
-        for (int i = 0; i < L::NO; ++i) st.acc_o[i] = 0.f;
-      }
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);
       if constexpr (kQPrefetch) v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
       // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
