@@ -227,12 +227,14 @@ class CompiledAttention:
         out: torch.Tensor | None,
         dims: Any = None,
         record: bool = False,
+        record_in: tuple[dict, tuple] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward launch (no autograd): validates, allocates and runs the kernel.  ``dims``: the
         inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them;
         ``record`` (``buffers`` are the kernel's own captured tensors): a call whose signature launched before takes
         the launch recorded then, and a launch that needs nothing per call but pointers is recorded
-        (runtime/fastpath.py)."""
+        (runtime/fastpath.py); ``record_in``: (recipes, key) of the kernel that handed this call to its sibling
+        (decode, or v2 for layouts TMA cannot describe), where the sibling's launch is recorded."""
         recipe_key = None
         if record and dims is None and out is None:
             recipe_key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p)
@@ -242,6 +244,8 @@ class CompiledAttention:
                 o, lse, self.last_seed = done
                 self.last_offset = offset
                 return (o, lse) if return_lse else o
+        if record_in is None and recipe_key is not None:
+            record_in = (self._recipes, recipe_key)
         if dims is None:
             dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
@@ -249,8 +253,8 @@ class CompiledAttention:
             dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v)
             if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
-                                          seed=seed, offset=offset, buffers=buffers, out=out,
-                                          dims=dims)  # the sibling compiles this spec: the same checks
+                                          seed=seed, offset=offset, buffers=buffers, out=out, dims=dims,
+                                          record_in=record_in)  # the sibling compiles this spec: the same checks
                 if hasattr(dec, "last_seed"):
                     self.last_seed, self.last_offset = dec.last_seed, dec.last_offset
                 return res
@@ -284,19 +288,15 @@ class CompiledAttention:
         # per-call inputs a schedule derives from q, k, v (the score skip's bound); alive until the launch is queued
         prepare = getattr(sched, "prepare_forward", None)
         extra = prepare(self.kernel_source, dims, P, q, k, v) if prepare is not None else None
-        fl = None
         with torch.cuda.device(q.device):
-            if hasattr(sched, "forward_launch"):  # more arguments than (params, buffers)
+            if hasattr(sched, "forward_launch"):  # more arguments than (params, buffers), or several kernels
                 fl = sched.forward_launch(self.kernel_source, dims, Bf, q.device)
-            elif hasattr(sched, "launch_forward"):  # several kernels (decode: split, then combine)
-                sched.launch_forward(self.kernel_source, dims, P, Bf, q.device)
             else:
                 fl = _fastpath.FastLaunch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
                                           self.kernel_source.smem_bytes, lambda P, Bf=Bf: (P, Bf), keep=(loaded, Bf))
-            if fl is not None:
-                fl.launch(P, device_index(q.device))
-        if fl is not None and recipe_key is not None and extra is None:
-            _fastpath.remember(self._recipes, recipe_key, _fastpath.recipe(fl, P, q, o, lse, p_drop, ws_n, buffers,
+            fl.launch(P, device_index(q.device))
+        if record_in is not None and extra is None:
+            _fastpath.remember(record_in[0], record_in[1], _fastpath.recipe(fl, P, q, o, lse, p_drop, ws_n, buffers,
                                                                           keep=(bufs,)))
         del extra
         self.last_seed, self.last_offset = seed, offset

@@ -62,8 +62,8 @@ def check_kernel(kernel, B: int, H: int, Nq: int, Nk: int | None = None, *, seed
     same call draws the same inputs whatever ran before it) and is the dropout seed.
 
     ``repeat``: the kernel first runs on other inputs of the same shapes and strides, so the checked call takes the
-    launch recorded then (``runtime/fastpath.py``; RuntimeError if one was recorded and not taken; kernels the fast
-    path leaves alone, such as decode's, run the full path twice); that call allocates its output itself, over
+    launch recorded then (``runtime/fastpath.py``; RuntimeError if one was recorded and not taken; calls the fast
+    path leaves alone, such as the score skip's, run the full path twice); that call allocates its output itself, over
     memory filled with NaN and freed just before (the caching allocator hands the block back)."""
     Nk = Nq if Nk is None else Nk
     ir = kernel.ir

@@ -94,8 +94,8 @@ def _parts(kern, q, k, v, calls: int) -> None:
     parts = {
         "whole call (recorded launch)": lambda: kern(q, k, v),
         "whole call (full path)": full,
-        "  signature": lambda: fastpath.signature(q, k, v, False, None, None, {}),
-        "  fastpath.run": lambda: fastpath.run(recipe, q, k, v, None, 0),
+        "  signature": lambda: fastpath.signature(q, k, v, False, None, None),
+        "  fastpath.run": lambda: fastpath.run(recipe, q, k, v, None, 0, kern._buffers),
         "  launch alone": lambda: fl.launch(P, 0),
         "  torch.empty (o)": lambda: torch.empty(recipe.o_shape, device=q.device, dtype=q.dtype),
         "  check_inputs": lambda: L.check_inputs(q, k, v, kern.ir),

@@ -382,3 +382,27 @@ def test_nvcc_bulk_refuses_sm80():
 
     with pytest.raises(CompileError, match="loaders 'bulk' and 'tma' need sm_90"):
         compile_with_nvcc(_render(presets.plain(64), "sm_90", loader="bulk").source, "sm_80")
+
+
+def test_decode_launch_reuses_maps_per_pointers(monkeypatch):
+    """DecodeLaunch (what a recorded decode call launches) issues launch_decode's launches, and encodes the "tma"
+    loader's K/V maps once per (k, v) pointer pair."""
+    from attncompiler.runtime import launch, tma
+
+    calls = []
+    monkeypatch.setattr(launch, "launch_structs", lambda fn, grid, thr, smem, structs, dev: calls.append(
+        (fn, grid, len(structs))))
+    monkeypatch.setattr(rt, "_counters", lambda *a: 0x7000)
+    encoded = []
+    monkeypatch.setattr(tma, "encode_attn_map",
+                        lambda name, ptr, shape, strides, dtype, box: encoded.append((name, ptr)) or bytes(128))
+    plan = pd.plan_decode(ProblemDims(128), "sm_90", loader="tma", fold_combine=False)
+    dims = AttnInputs(2, 8, 2, 1, 32768, 128, 128)
+    c = pd.choose_splits(plan, B=2, H=8, H_kv=2, Nq=1, Nk=32768)
+    assert c.num_splits > 1
+    dl = rt.DecodeLaunch(_KS(plan), 11, 22, c, dims, None)
+    for k in (0x10000, 0x10000, 0x30000, 0x10000):
+        dl.launch(_fake_params(k=k), 0)
+    assert encoded == [("k", 0x10000), ("v", 0x20000), ("k", 0x30000), ("v", 0x20000)]
+    split, combine = (11, (c.num_splits, 4, 1), 4), (22, (-(-2 * 8 // plan.combine_warps), 1, 1), 3)
+    assert calls == [split, combine] * 4

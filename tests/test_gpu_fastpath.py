@@ -149,3 +149,52 @@ def test_gpu_training_steps_take_the_recorded_forward(schedule: str) -> None:
         assert fastpath.stats["hits"] == hits + step  # the first step records, the second takes it
         results.append((out.detach(), *grads))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def _decode_opts() -> list[dict]:
+    opts = [dict(fold_combine=False), dict(fold_combine=True), dict(loader="cp_async")]
+    if hopper():
+        opts += [dict(loader="tma"), dict(loader="bulk", fold_combine=True)]
+    return opts
+
+
+@needs_cuda
+@pytest.mark.parametrize("opts", _decode_opts(), ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_gpu_decode_calls_take_a_recorded_launch(opts: dict) -> None:
+    """The decode schedule's split and combine kernels are recorded per signature like one kernel: a repeated call
+    takes the recording (new pointers: the TMA maps of the new k, v) and passes the reference; shapes with one split
+    and several, GQA, a seqlen that is no multiple of any block."""
+    kern = ac.compile(presets.causal(128), "decode", **opts)
+    shapes = ((1, 8, 2, 1, 4099), (2, 4, 4, 3, 32768), (1, 4, 4, 16, 1023))
+    for B, H, H_kv, Nq, Nk in shapes:
+        res = check_kernel(kern, B, H, Nq, Nk, H_kv=H_kv, repeat=True)
+        assert res.ok, f"{opts} {(B, H, H_kv, Nq, Nk)}: {res}"
+    assert len(kern._recipes) == len(shapes)
+
+
+@needs_cuda
+def test_gpu_auto_decode_records_its_siblings_launch() -> None:
+    """schedule="auto" hands decode shapes to its decode sibling (and, on sm_90, K/V that TMA cannot describe to the
+    cp.async one): the launch is recorded under the called kernel's signature, bit-identical to the full path, on
+    another stream too (the folded combine's counters are per stream)."""
+    kern = ac.compile(presets.plain(128))
+    q = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 20000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ke, ve = k[:, :1].expand(2, 2, 20000, 128), v[:, :1].expand(2, 2, 20000, 128)
+    wants = [kern(q, k, v), kern(q, ke, ve)]  # each records
+    assert kern._decode is not None and len(kern._recipes) == 2
+    hits = fastpath.stats["hits"]
+    got = [kern(q, k, v), kern(q, ke, ve)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got.append(kern(q, k, v))
+    torch.cuda.current_stream().wait_stream(s)
+    assert fastpath.stats["hits"] == hits + 3
+    kern._recipes.clear()
+    full = [kern(q, k, v), kern(q, ke, ve)]
+    assert all(torch.equal(a, b) for a, b in zip(got, wants + wants[:1]))
+    assert all(torch.equal(a, b) for a, b in zip(full, wants))
+    assert not torch.equal(wants[0], wants[1])
+    res = check_kernel(kern, 1, 4, 300, repeat=True)  # a prefill shape: the kernel's own launch
+    assert res.ok, res

@@ -62,11 +62,12 @@ class DecodeSchedule:
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return rt.workspace_floats(rt.split_choice(ks.plan, dims), dims, ks.plan)
 
-    def launch_forward(self, ks: KernelSource, dims: AttnInputs, params: Any, buffers: Any,
-                       device: torch.device) -> None:
-        """Launch the split (and, with several splits and no ``fold_combine``, the combine) kernel on
-        torch's current stream; ``params.workspace`` must hold :meth:`workspace_floats` floats (with
-        ``fold_combine`` its counter slice is zeroed here, on the same stream, before the launch)."""
+    def forward_launch(self, ks: KernelSource, dims: AttnInputs, buffers: Any,
+                       device: torch.device) -> rt.DecodeLaunch:
+        """The split (and, with several splits and no ``fold_combine``, the combine) kernel's launch for ``dims``
+        (:class:`attncompiler.runtime.decode.DecodeLaunch`); ``params.workspace`` must hold
+        :meth:`workspace_floats` floats (with ``fold_combine`` its counter slice is zeroed on the launch's stream
+        when no zeroed counters are at hand)."""
         idx = device_index(device)
         key = (ks.source, ks.arch, idx)  # str hashes are cached: a hit is cheap (no sha256 of the source)
         fns = _FUNCTIONS.get(key)
@@ -75,8 +76,7 @@ class DecodeSchedule:
 
             loaded = compile_functions(ks.source, ks.arch, idx, ("attn_fwd", rt.COMBINE_ENTRY))
             fns = _FUNCTIONS.setdefault(key, (loaded["attn_fwd"].ptr, loaded[rt.COMBINE_ENTRY].ptr))
-        choice = rt.split_choice(ks.plan, dims)
-        rt.launch_decode(ks, fns[0], fns[1], choice, dims, params, buffers, device)
+        return rt.DecodeLaunch(ks, fns[0], fns[1], rt.split_choice(ks.plan, dims), dims, buffers, keep=(buffers,))
 
 
 #: (source, arch, device) -> (split, combine) function pointers of loaded modules (kept loaded by the

@@ -42,8 +42,9 @@ class KernelSource:
 
 
 class Schedule(Protocol):
-    """What every schedule provides.  Optional: ``launch_forward(ks, dims, params, buffers, device)`` to
-    launch more than the one kernel (or more arguments), and ``prepare_forward(ks, dims, params, q, k, v)``
+    """What every schedule provides.  Optional: ``forward_launch(ks, dims, buffers, device)``, the call's launch
+    (:class:`attncompiler.runtime.fastpath.Launch`) where it is more than the one kernel with (params, buffers)
+    (v3: its TMA maps and tile list; decode: split and combine), and ``prepare_forward(ks, dims, params, q, k, v)``
     to fill per-call parameters derived from the inputs (v2, v3: the score skip's bound), returning what must
     stay alive until the launch is queued."""
 

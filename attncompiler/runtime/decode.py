@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from ..plan.decode import DecodePlan, SplitChoice, choose_splits
 from .params import CField, ctypes_struct
 
 __all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice",
-           "kv_tensor_maps", "pack_decode_params", "launch_decode"]
+           "kv_tensor_maps", "pack_decode_params", "launch_decode", "DecodeLaunch"]
 
 COMBINE_ENTRY = "attn_decode_combine"
 
@@ -122,9 +123,11 @@ def kv_tensor_maps(params: ctypes.Structure, dims: Any, plan: DecodePlan) -> cty
 
 
 def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, dims: Any,
-                  params: ctypes.Structure, buffers: ctypes.Structure, device: Any) -> None:
+                  params: ctypes.Structure, buffers: ctypes.Structure, device: Any,
+                  maps: Callable[[ctypes.Structure], ctypes.Structure] | None = None) -> None:
     """The split kernel, then the combine kernel when there is more than one split (none with the
-    plan's ``fold_combine``: the split kernel merges; its counters are zeroed first)."""
+    plan's ``fold_combine``: the split kernel merges; its counters are zeroed first).  ``maps(params)``: the
+    "tma" loader's K/V maps (default: :func:`kv_tensor_maps`, encoded anew)."""
     from .launch import launch_structs
 
     plan = ks.plan
@@ -133,7 +136,7 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
     dp = pack_decode_params(choice, dims)
     structs: tuple[ctypes.Structure, ...] = (params, buffers, dp)
     if getattr(plan, "loader", "cp_async") == "tma":  # before any GPU work: a refused layout launches nothing
-        structs += (kv_tensor_maps(params, dims, plan),)
+        structs += ((maps or (lambda P: kv_tensor_maps(P, dims, plan)))(params),)
     off, cnt = counter_slice(plan, choice, dims)
     if cnt:
         if not params.workspace:
@@ -150,3 +153,34 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
         warps = ks.plan.combine_warps
         rows = dp.total_rows
         launch_structs(combine_fn, (-(-rows // warps), 1, 1), 32 * warps, 0, (params, buffers, dp), device)
+
+
+@dataclass
+class DecodeLaunch:
+    """A decode call's launches for one shape (the split and combine functions, the split choice, the buffers
+    struct), with :class:`attncompiler.runtime.fastpath.FastLaunch`'s ``launch(params, device)``: a forward call
+    that repeats a signature takes it from its recipe.  Per launch it still checks the "bulk" loader's alignment,
+    takes the fold_combine counters of the current stream, and looks up the "tma" loader's K/V maps by the
+    (k, v) pointers (encoded on a miss)."""
+
+    ks: Any
+    split_fn: int
+    combine_fn: int
+    choice: SplitChoice
+    dims: Any
+    buffers: ctypes.Structure
+    keep: tuple[Any, ...] = ()
+    _maps: dict[tuple[int, int], ctypes.Structure] = field(default_factory=dict, repr=False)
+
+    def maps(self, params: ctypes.Structure) -> ctypes.Structure:
+        key = (int(params.k or 0), int(params.v or 0))
+        hit = self._maps.get(key)
+        if hit is None:
+            if len(self._maps) >= 16:
+                self._maps.clear()
+            hit = self._maps[key] = kv_tensor_maps(params, self.dims, self.ks.plan)
+        return hit
+
+    def launch(self, params: ctypes.Structure, device: Any) -> None:
+        launch_decode(self.ks, self.split_fn, self.combine_fn, self.choice, self.dims, params, self.buffers, device,
+                      maps=self.maps)

@@ -18,20 +18,21 @@ never get a recipe, so they keep failing with the full path's error.
 Autograd's forward (the ``attncompiler::attention_fwd`` op, eager or under ``torch.compile``) records and takes
 launches the same way when its buffers are the kernel's own. Not recorded (the full path runs every time): ``out=``,
 buffers passed per call (``buffers=``: a recipe would hold each tensor alive), packed sequences, the backward,
-kernels whose launch derives data from the inputs (the score skip's row norms) or that run several kernels
-(decode), the ``schedule="auto"`` calls answered by a sibling kernel, and calls inside CUDA graph capture.
+kernels whose launch derives data from the inputs (the score skip's row norms), and calls inside CUDA graph capture.
+A ``schedule="auto"`` call that a sibling kernel answers (the decode schedule's split and combine kernels, or v2 for
+layouts TMA cannot describe) is recorded under the called kernel's signature with the sibling's launch.
 """
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
 from .launch import device_index, launch_structs
 
-__all__ = ["FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe", "remember",
+__all__ = ["Launch", "FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe", "remember",
            "maps_by_pointers", "stats"]
 
 #: signatures remembered per compiled kernel (a full dictionary is cleared: a workload with more shapes than this
@@ -42,6 +43,13 @@ _MAX_MAPS = 16
 _SEED_MASK = 2**64 - 1
 #: calls launched from a recipe in this process (tests check that a repeated call took it)
 stats = {"hits": 0}
+
+
+class Launch(Protocol):
+    """What a recipe launches: ``launch(params, device_index)`` queues the call's kernels on torch's current stream
+    (:class:`FastLaunch`: one kernel; :class:`attncompiler.runtime.decode.DecodeLaunch`: split and combine)."""
+
+    def launch(self, params: ctypes.Structure, device_index: int) -> None: ...
 
 
 @dataclass
@@ -65,7 +73,7 @@ class FastLaunch:
 class ForwardRecipe:
     """A validated signature's launch (see the module's docstring)."""
 
-    launch: FastLaunch
+    launch: Launch
     device_index: int
     template: bytes  # the packed AttnParams of the first call (pointers and seed patched per call)
     ptype: type[ctypes.Structure]
@@ -135,7 +143,7 @@ def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return o, lse, seed
 
 
-def recipe(fl: FastLaunch, params: ctypes.Structure, q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
+def recipe(fl: Launch, params: ctypes.Structure, q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
            p_drop: float, workspace_floats: int, buffers: Mapping[str, Any], keep: tuple[Any, ...]) -> ForwardRecipe:
     """The recipe of a call the full path just launched with ``params`` (o in q's layout, as that path allocates
     it)."""
