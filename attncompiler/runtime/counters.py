@@ -62,21 +62,20 @@ def counters(device: Any, count: int) -> int | None:
     has room (the caller then zeroes counters of its own, in the call)."""
     import torch
 
-    from .launch import device_index
+    from .launch import device_index, raw_stream
 
     if count <= 0:
         raise ValueError(f"expected a positive number of counters, got {count}")
     if count > ARENA_INTS:
         raise ValueError(f"expected at most {ARENA_INTS} counters per launch, got {count}")
-    dev = torch.device(device)
-    index = device_index(dev)
-    stream = torch.cuda.current_stream(index)
+    index = device if isinstance(device, int) else device_index(torch.device(device))
+    stream = raw_stream(index)  # (the handle without a Stream object: a decode call's host time)
     capturing = torch.cuda.is_current_stream_capturing()
     with _lock:
         arenas = _arenas.get(index, [])
         if capturing:  # a slice of its own; no allocation while capturing
             return arenas[-1].take(count) if arenas else None
-        key = (index, stream.cuda_stream)
+        key = (index, stream)
         have = _per_stream.get(key)
         if have is not None and have[1] >= count:
             return have[0]

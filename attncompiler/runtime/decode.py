@@ -124,18 +124,22 @@ def kv_tensor_maps(params: ctypes.Structure, dims: Any, plan: DecodePlan) -> cty
 
 def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, dims: Any,
                   params: ctypes.Structure, buffers: ctypes.Structure, device: Any,
-                  maps: Callable[[ctypes.Structure], ctypes.Structure] | None = None) -> None:
+                  maps: Callable[[ctypes.Structure], ctypes.Structure] | None = None,
+                  dp: ctypes.Structure | None = None) -> None:
     """The split kernel, then the combine kernel when there is more than one split (none with the
     plan's ``fold_combine``: the split kernel merges; its counters are zeroed first).  ``maps(params)``: the
-    "tma" loader's K/V maps (default: :func:`kv_tensor_maps`, encoded anew)."""
+    "tma" loader's K/V maps (default: :func:`kv_tensor_maps`, encoded anew); ``dp``: the call's
+    :func:`pack_decode_params` (its counters are set here; the launch copies it)."""
     from .launch import launch_structs
 
     plan = ks.plan
-    if getattr(plan, "loader", "cp_async") == "bulk":
+    loader = getattr(plan, "loader", "cp_async")
+    if loader == "bulk":
         _check_bulk_alignment(params)
-    dp = pack_decode_params(choice, dims)
+    if dp is None:
+        dp = pack_decode_params(choice, dims)
     structs: tuple[ctypes.Structure, ...] = (params, buffers, dp)
-    if getattr(plan, "loader", "cp_async") == "tma":  # before any GPU work: a refused layout launches nothing
+    if loader == "tma":  # before any GPU work: a refused layout launches nothing
         structs += ((maps or (lambda P: kv_tensor_maps(P, dims, plan)))(params),)
     off, cnt = counter_slice(plan, choice, dims)
     if cnt:
@@ -171,6 +175,7 @@ class DecodeLaunch:
     buffers: ctypes.Structure
     keep: tuple[Any, ...] = ()
     _maps: dict[tuple[int, int], ctypes.Structure] = field(default_factory=dict, repr=False)
+    _dp: ctypes.Structure | None = field(default=None, repr=False)
 
     def maps(self, params: ctypes.Structure) -> ctypes.Structure:
         key = (int(params.k or 0), int(params.v or 0))
@@ -182,5 +187,7 @@ class DecodeLaunch:
         return hit
 
     def launch(self, params: ctypes.Structure, device: Any) -> None:
+        if self._dp is None:
+            self._dp = pack_decode_params(self.choice, self.dims)
         launch_decode(self.ks, self.split_fn, self.combine_fn, self.choice, self.dims, params, self.buffers, device,
-                      maps=self.maps)
+                      maps=self.maps, dp=type(self._dp).from_buffer_copy(self._dp))  # (a copy per launch: threads)
