@@ -174,20 +174,15 @@ class DecodeLaunch:
     dims: Any
     buffers: ctypes.Structure
     keep: tuple[Any, ...] = ()
-    _maps: dict[tuple[int, int], ctypes.Structure] = field(default_factory=dict, repr=False)
+    _maps: Callable[[ctypes.Structure], ctypes.Structure] | None = field(default=None, repr=False)
     _dp: ctypes.Structure | None = field(default=None, repr=False)
-
-    def maps(self, params: ctypes.Structure) -> ctypes.Structure:
-        key = (int(params.k or 0), int(params.v or 0))
-        hit = self._maps.get(key)
-        if hit is None:
-            if len(self._maps) >= 16:
-                self._maps.clear()
-            hit = self._maps[key] = kv_tensor_maps(params, self.dims, self.ks.plan)
-        return hit
 
     def launch(self, params: ctypes.Structure, device: Any) -> None:
         if self._dp is None:
+            from .fastpath import maps_by_pointers
+
             self._dp = pack_decode_params(self.choice, self.dims)
+            dims, plan = self.dims, self.ks.plan
+            self._maps = maps_by_pointers(lambda P: kv_tensor_maps(P, dims, plan), ("k", "v"))
         launch_decode(self.ks, self.split_fn, self.combine_fn, self.choice, self.dims, params, self.buffers, device,
-                      maps=self.maps, dp=type(self._dp).from_buffer_copy(self._dp))  # (a copy per launch: threads)
+                      maps=self._maps, dp=type(self._dp).from_buffer_copy(self._dp))  # (a copy per launch: threads)

@@ -32,8 +32,8 @@ import torch
 
 from .launch import device_index, launch_structs
 
-__all__ = ["Launch", "FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe", "remember",
-           "maps_by_pointers", "stats"]
+__all__ = ["Launch", "FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe",
+           "remember", "maps_by_pointers", "stats"]
 
 #: signatures remembered per compiled kernel (a full dictionary is cleared: a workload with more shapes than this
 #: pays the full path more often, never a wrong launch)
@@ -164,13 +164,14 @@ def remember(recipes: dict, key: tuple, recipe: ForwardRecipe) -> None:
     recipes[key] = recipe
 
 
-def maps_by_pointers(build: Callable[[ctypes.Structure], Any]) -> Callable[[ctypes.Structure], Any]:
-    """``build(P)`` (a TMA maps struct from P's pointers and strides) remembered by (q, k, v, o) pointers: the
-    strides are fixed by the recipe's signature."""
-    cache: dict[tuple[int, int, int, int], Any] = {}
+def maps_by_pointers(build: Callable[[ctypes.Structure], Any],
+                     fields: tuple[str, ...] = ("q", "k", "v", "o")) -> Callable[[ctypes.Structure], Any]:
+    """``build(P)`` (a TMA maps struct from P's pointers and strides) remembered by the pointers P holds in
+    ``fields`` (those the maps describe): the strides are fixed by the recipe's signature."""
+    cache: dict[tuple[int, ...], Any] = {}
 
     def maps(P: ctypes.Structure) -> Any:
-        key = (P.q, P.k, P.v, P.o)
+        key = tuple(getattr(P, f) for f in fields)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _MAX_MAPS:
