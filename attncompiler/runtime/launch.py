@@ -74,10 +74,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
         if t.dim() != 4:
             raise InputError(f"{name}: expected 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
         if t.dtype != want:
-            raise InputError(
-                f"{name}: expected dtype {want} (the spec's dtype {ir.dtype!r}), got {t.dtype}; "
-                f"cast the input or compile a spec with dtype={t.dtype}"
-            )
+            hint = (f"cast the input or compile a spec with dtype={t.dtype}" if t.dtype in _TORCH_DTYPES.values()
+                    else f"cast the input with .to({want}) (the kernels take bf16 or fp16, with float32 accumulation)")
+            raise InputError(f"{name}: expected dtype {want} (the spec's dtype {ir.dtype!r}), got {t.dtype}; {hint}")
     B, H, Nq, D = q.shape
     Bk, H_kv, Nk, Dk = k.shape
     Bv, H_v, Nv, DV = v.shape
