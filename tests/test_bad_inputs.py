@@ -152,6 +152,8 @@ CPU_ROWS: tuple[Row, ...] = (
         ("expected a constant index in [0, 4)", "got 9")),
     Row("trace-unsupported-torch-fn", _trace(score_mod=lambda s, b, h, q, kv: torch.softmax(s, 0)), TraceError,
         ("softmax", "is not supported on traced values", "supported:")),
+    Row("trace-unsupported-method", _trace(score_mod=lambda s, b, h, q, kv: s.sin()), TraceError,
+        ("traced values have no attribute 'sin'", "their tensor-style methods: abs,", "tanh")),
     # --- presets
     Row("preset-unknown", lambda: presets.get_preset("nope"), SpecError, ("unknown preset 'nope'; expected one of",)),
     Row("preset-relative-bias-1d", lambda: presets.relative_bias(torch.zeros(9), 64), SpecError,

@@ -239,9 +239,11 @@ class Sym:
     def __iter__(self) -> Any: raise TraceError(f"cannot iterate over the traced value {_short(self.expr)}")
 
     def __getattr__(self, attr: str) -> Any:  # tensor-style methods: score.tanh(), x.clamp(min=0)
-        method = _ops().tensor_methods().get(attr)
+        methods = _ops().tensor_methods()
+        method = methods.get(attr)
         if method is None:
-            raise AttributeError(f"traced values have no attribute {attr!r}")
+            raise AttributeError(f"traced values have no attribute {attr!r}; their tensor-style methods: "
+                                 f"{', '.join(sorted(methods))}")
         return functools.partial(method, self)
 
     @classmethod
