@@ -493,6 +493,14 @@ _fn_kernels: dict[int, CompiledAttention] = {}
 
 
 @torch.compiler.assume_constant_result
+def _check_kernel_dtype(q: torch.Tensor) -> None:
+    """The functional API compiles for q's dtype: bf16 or fp16 only (an InputError naming the cast, not the spec's
+    dtype error)."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise InputError(f"q: expected dtype torch.bfloat16 or torch.float16 (the kernels compute in bf16 / fp16 with "
+                         f"float32 accumulation), got {q.dtype}; cast q, k and v with .to(torch.bfloat16)")
+
+
 def _functional_kernel_id(head_dim: int, head_dim_v: int, dtype: torch.dtype, causal: bool, score_mod: Callable | None,
                           mask_mod: Callable | None, dropout_p: float, schedule: str, seqlen_bucket: int = 0) -> int:
     """Compile (once per key) the functional API's kernel; returns its id.  Under torch.compile this
@@ -542,6 +550,7 @@ def attention(
             if not isinstance(t, torch.Tensor) or t.dim() != 3:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise InputError(f"{name}: expected a 3-d torch.Tensor (total, heads, dim) with cu_seqlens, got {got}")
+        _check_kernel_dtype(q)
         n = int(max_seqlen_q) if isinstance(max_seqlen_q, int) and max_seqlen_q > 0 else int(q.shape[0])
         bucket = 1 << max(0, n - 1).bit_length()
         kid = _functional_kernel_id(int(q.shape[-1]), int(v.shape[-1]), q.dtype, causal, score_mod, mask_mod,
@@ -553,6 +562,7 @@ def attention(
         raise InputError(f"q: expected a 4-d torch.Tensor (B, H, N, D), got {getattr(q, 'shape', type(q).__name__)}")
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         raise InputError(f"v: expected a 4-d torch.Tensor (B, H, N, DV), got {getattr(v, 'shape', type(v).__name__)}")
+    _check_kernel_dtype(q)
     n = int(q.shape[2])
     bucket = 1 << max(0, n - 1).bit_length()  # tuned plans are kept per power-of-two seqlen bucket
     kid = _functional_kernel_id(int(q.shape[-1]), int(v.shape[-1]), q.dtype, causal, score_mod, mask_mod,

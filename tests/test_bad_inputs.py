@@ -269,6 +269,12 @@ CPU_ROWS: tuple[Row, ...] = (
     # --- functional API, reference, CLI
     Row("functional-q-list", lambda: ac.attention([1.0], *_qkv()[1:]), InputError,
         ("q: expected a 4-d torch.Tensor", "got list")),
+    Row("functional-float32", lambda: ac.attention(*(_t(1, 2, 64, 64, dtype=torch.float32) for _ in range(3))),
+        InputError, ("q: expected dtype torch.bfloat16 or torch.float16", "got torch.float32",
+                     ".to(torch.bfloat16)")),
+    Row("functional-varlen-float32", lambda: ac.attention(*(_t(12, 2, 64, dtype=torch.float32) for _ in range(3)),
+                                                          cu_seqlens_q=_cu(0, 12), cu_seqlens_k=_cu(0, 12)),
+        InputError, ("q: expected dtype torch.bfloat16 or torch.float16", "got torch.float32")),
     Row("reference-missing-buffer", lambda: ac.reference_attention(*_qkv(), ac.build_ir(_alibi())), ValueError,
         ("expected buffer 'slopes' (declared by the IR)", "got only []")),
     Row("cli-spec-file-missing", lambda: __import__("attncompiler.cli").cli.load_spec(
