@@ -492,7 +492,6 @@ _fn_cache: dict[tuple, AttentionSpec] = {}
 _fn_kernels: dict[int, CompiledAttention] = {}
 
 
-@torch.compiler.assume_constant_result
 def _check_kernel_dtype(q: torch.Tensor) -> None:
     """The functional API compiles for q's dtype: bf16 or fp16 only (an InputError naming the cast, not the spec's
     dtype error)."""
@@ -501,6 +500,7 @@ def _check_kernel_dtype(q: torch.Tensor) -> None:
                          f"float32 accumulation), got {q.dtype}; cast q, k and v with .to(torch.bfloat16)")
 
 
+@torch.compiler.assume_constant_result
 def _functional_kernel_id(head_dim: int, head_dim_v: int, dtype: torch.dtype, causal: bool, score_mod: Callable | None,
                           mask_mod: Callable | None, dropout_p: float, schedule: str, seqlen_bucket: int = 0) -> int:
     """Compile (once per key) the functional API's kernel; returns its id.  Under torch.compile this

@@ -217,6 +217,23 @@ def test_torch_compile_fullgraph_cpu_block():
     torch.testing.assert_close(x.grad, ge)
 
 
+def test_functional_attention_traces_whole_under_torch_compile(monkeypatch):
+    """``ac.attention`` compiles its kernel at trace time (``_functional_kernel_id`` is a constant of the graph), so
+    dynamo reaches the kernel call's own input check; were the compile step traced, dynamo would stop inside sympy
+    (the thirty-ninth session's dtype check had taken the decorator off it, found by the GPU suite)."""
+    from attncompiler import api
+
+    assert getattr(api._functional_kernel_id, "_dynamo_marked_constant", False)
+    real = api.compile
+    monkeypatch.setattr(api, "compile", lambda spec, schedule="auto", **kw: real(spec, "v2", target="sm_90",
+                                                                                  build=False, **kw))
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(1, 2, 40, 32).bfloat16() for _ in range(3))
+    fn = torch.compile(lambda q, k, v: ac.attention(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="q: expected a CUDA tensor, got cpu"):
+        fn(q, k, v)
+
+
 def test_kernel_call_refuses_cpu_tensors_with_grad():
     kern = _cpu_kernel(presets.causal(32))
     q = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16, requires_grad=True)
