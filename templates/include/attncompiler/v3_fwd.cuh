@@ -193,24 +193,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     if constexpr (kPingPong) named_bar_arrive(kTurnBar + (wg + 1 == NC ? 0 : wg + 1), 256);
   };
   if (kPingPong && wg == NC - 1) named_bar_arrive(kTurnBar + 0, 256);
-  // A/B probes (timing, not in any plan): a tile's S_0 turn and last P V turn issued without the ping-pong's order.
-  // Every warpgroup of the CTA visits the same blocks unless kWgWalk, so dropping the same two turns in each keeps
-  // the turns balanced.
-#if defined(AC_V3_FREE_S0_TURN) || defined(AC_V3_FREE_PV_TURN)
-  constexpr bool kFreeProbe = !(Variant::kHasMask && NC >= 2 && BN < BM);
-#else
-  constexpr bool kFreeProbe = false;
-#endif
-#ifdef AC_V3_FREE_S0_TURN
-  constexpr bool kFreeS0 = kFreeProbe;
-#else
-  constexpr bool kFreeS0 = false;
-#endif
-#ifdef AC_V3_FREE_PV_TURN
-  constexpr bool kFreePv = kFreeProbe;
-#else
-  constexpr bool kFreePv = false;
-#endif
   // Per-warpgroup runs of the walk (see the header): a mask, and blocks narrower than the CTA's rows, so
   // that a warpgroup's 64 rows can miss whole blocks the CTA visits. Elsewhere the code is as without it.
   // (AC_V3_NO_WG_WALK turns it off: same-process A/B runs, benchmarks/v3_sweep.py define=.)
@@ -239,35 +221,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
     turn_grant();
     ring_advance<STAGES>(s, phase);
   };
-  // A tile's place: its query block, batch*head and K/V walk (AC_V3_SETUP_EARLY, an A/B probe: the next tile's is
-  // found while the last P V of this one runs, off the boundary's path)
-  auto locate = [&](int tile, int& q_block, int& bh, KvWalk<BN, Cfg::KV_DESCENDING>& walk, int& j_first) {
+  int it = 0;
+  for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
+    int q_block, bh;
     v3_tile<kPersistent, kTileByHead, kList>(tile, num_qb, p, q_block, bh, tile_list);
     const int b = bh / p.H, h = bh % p.H;
     const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
-    kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
-    j_first = walk.first(b, h, q0, q_hi, p, buf);
-  };
-#ifdef AC_V3_SETUP_EARLY
-  int next_q_block = 0, next_bh = 0, next_j_first = 0;
-  KvWalk<BN, Cfg::KV_DESCENDING> next_walk;
-  if (tile0 < num_tiles) locate(tile0, next_q_block, next_bh, next_walk, next_j_first);
-#endif
-  int it = 0;
-  for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
-    int q_block, bh, j_first;
     KvWalk<BN, Cfg::KV_DESCENDING> walk;
-#ifdef AC_V3_SETUP_EARLY
-    q_block = next_q_block, bh = next_bh, j_first = next_j_first, walk = next_walk;
-    auto locate_next = [&]() {
-      if (tile + tile_step < num_tiles) locate(tile + tile_step, next_q_block, next_bh, next_walk, next_j_first);
-    };
-#else
-    locate(tile, q_block, bh, walk, j_first);
-    auto locate_next = [&]() {};
-#endif
-    const int b = bh / p.H, h = bh % p.H;
-    const int q0 = q_block * BM, q_hi = min(q0 + BM, p.Nq) - 1;
+    kv_block_range<BN>(b, h, q0, q_hi, p, buf, walk.j_begin, walk.j_end);
+    const int j_first = walk.first(b, h, q0, q_hi, p, buf);
     const int wq_lo = q0 + 64 * wg;                 // this warpgroup's query rows [wq_lo, wq_hi]
     const int wq_hi = min(wq_lo + 63, p.Nq - 1);
     const int row0 = wq_lo + 16 * warp_wg;          // this warp's first query row
@@ -354,14 +316,14 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       int part = part_of(j);
       st.init_s(j * BN, row0, b, h, p, buf);
       mbar_wait(full_k(s), phase);
-      if constexpr (!kFreeS0) turn_wait();
+      turn_wait();
       bool masked;
       int j_next, part_next;
       auto s0_step = [&](int pt) {
         wgmma_fence();
         st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
         wgmma_commit();
-        if constexpr (!kFreeS0) turn_grant();
+        turn_grant();
         // The block walk runs while the GEMMs do: off the path from S to the next issue.
         masked = needs_mask(j);
         j_next = walk.next(j, b, h, q0, q_hi, p, buf);
@@ -447,12 +409,11 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
       // The last block's P V.
       mbar_wait(full_v(s_prev), phase_prev);
-      if constexpr (!kFreePv) turn_wait();
+      turn_wait();
       wgmma_fence();
       st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
       wgmma_commit();
-      if constexpr (!kFreePv) turn_grant();
-      locate_next();
+      turn_grant();
       // (the row statistics are final after the last softmax; the P V in flight reads P and writes O only)
       if constexpr (kQPrefetch) v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
       wgmma_wait<0>();
@@ -461,7 +422,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_arrive(empty_v(s_prev));
       AC_TRACE(AC_TRACE_TILE(tile), kTracePv, threadIdx.x == 128);
     } else {
-      locate_next();
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);
       if constexpr (kQPrefetch) v3_row_finish<Cfg>(st, p, buf, row0, b, h, bh, inv);
       // A warpgroup whose rows meet none of the CTA's n blocks took n turns; the others take n + 1 (S_0 alone
