@@ -237,9 +237,6 @@ __device__ __forceinline__ void v3_store_warp(const AttnParams& p, const Maps& m
   auto load_q_into = [&](int it, int tile) {
     int q_block, bh;
     v3_tile<kPersistent, kTileByHead, Cfg::TILE_LIST>(tile, num_qb, p, q_block, bh, tile_list);
-#ifdef AC_V3_Q_SAME  // timing only (wrong results): every Q copy reads tile 0's rows (L2 hits, no HBM)
-    q_block = 0, bh = 0;
-#endif
     const int b = bh / p.H, h = bh % p.H;
     const V3Rows<Cfg> rows(p, b);
     mbar_arrive_expect_tx(bar_of(it), L::kQBytes);

@@ -32,31 +32,13 @@ __device__ __forceinline__ void v3_load_warp(const AttnParams& p, const AttnBuff
   tma_prefetch_desc(&maps.v);
   int s = 0, i = 0;
   unsigned int phase = 0;
-#if defined(AC_V3_KV_HALF_BOXES) || defined(AC_V3_KV_HALF_BOXES_ROT)
-  // timing only (wrong results): half of each K and V tile copied (the L2 -> SM volume's share); _ROT: the box copied
-  // alternates with each use of a stage (D = DV = 128), so both halves of the operands keep changing
-  constexpr int kKBoxes = (L::DB + 1) / 2, kVBoxes = (L::DVB + 1) / 2;
-#else
-  constexpr int kKBoxes = L::DB, kVBoxes = L::DVB;
-#endif
-#ifdef AC_V3_KV_HALF_BOXES_ROT
-  static_assert(L::DB == 2 && L::DVB == 2, "the rotating probe is for D = DV = 128");
-  auto box0 = [&](int n) { return (n / STAGES) & 1; };
-#else
-  auto box0 = [&](int) { return 0; };
-#endif
-#ifdef AC_V3_KV_SAME_BLOCKS  // timing only (wrong results): every K/V copy reads block 0 or 1 (same bytes, all L2 hits)
-  auto kv_row = [&](int j) { return (j & 1) * BN; };
-#else
-  auto kv_row = [&](int j) { return j * BN; };
-#endif
   auto load_v = [&](int jv, const V3Rows<Cfg>& rows, int h_kv, int sv, unsigned int ph, int iv) {
     if (iv >= STAGES) mbar_wait(empty_v(sv), ph ^ 1u);
     const unsigned int sV = sKV0 + sv * L::kStageBytes + L::kKBytes;
-    mbar_arrive_expect_tx(full_v(sv), kVBoxes * BN * 128);
+    mbar_arrive_expect_tx(full_v(sv), L::kVBytes);
 #pragma unroll
-    for (int c = box0(iv); c < box0(iv) + kVBoxes; ++c)
-      tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, rows.k_start + kv_row(jv), h_kv, rows.batch, full_v(sv));
+    for (int c = 0; c < L::DVB; ++c)
+      tma_load_4d(sV + c * BN * 128, &maps.v, c * 64, rows.k_start + jv * BN, h_kv, rows.batch, full_v(sv));
   };
   int it = 0;
   for (int tile = tile0; tile < num_tiles; tile += tile_step, ++it) {
@@ -109,10 +91,10 @@ __device__ __forceinline__ void v3_load_warp(const AttnParams& p, const AttnBuff
     for (int j = j_first; walk.valid(j); j = walk.next(j, b, h, q0, q_hi, p, buf), ++i) {
       if (i >= STAGES) mbar_wait(empty_k(s), phase ^ 1u);
       const unsigned int sK = sKV0 + s * L::kStageBytes;
-      mbar_arrive_expect_tx(full_k(s), kKBoxes * BN * 128);
+      mbar_arrive_expect_tx(full_k(s), L::kKBytes);
 #pragma unroll
-      for (int c = box0(i); c < box0(i) + kKBoxes; ++c)
-        tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, rows.k_start + kv_row(j), h_kv, rows.batch, full_k(s));
+      for (int c = 0; c < L::DB; ++c)
+        tma_load_4d(sK + c * BN * 128, &maps.k, c * 64, rows.k_start + j * BN, h_kv, rows.batch, full_k(s));
       if (j == j_first) {
         if (!kQPrefetch && it > 0) load_q();
         publish_walk();
