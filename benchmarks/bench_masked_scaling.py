@@ -20,6 +20,10 @@ is then reported for the model's plan and for the best of the listed ones.  ``--
 references that split the window's overhead: full attention over exactly as many keys as one window
 CTA visits (Nk = BLOCK_M + window, so every CTA runs the same number of FULL tiles with no mask code:
 the cost of a short K/V loop by itself) and causal (half the tiles, one partial tile per CTA).
+``--steady SECONDS`` also runs full attention and the window back to back for that long each while ``nvidia-smi``
+samples the SM clock and board power (``clock_power.py``): every d = 128 kernel runs at the board's power limit on an
+H100 / H200, so the ratio at steady power differs from the timed loop's (fortieth session: 1.427x back to back where
+do_bench read 1.34-1.37x), and the ratio in cycles (time x clock) says how much of it is clock.
 ``--peers`` times the same criterion for FlexAttention (``torch.compile(flex_attention)``, its block
 mask built before timing, same 128x128 block tiling floor) and cuDNN SDPA's short-loop efficiency (dense
 Nk = 128 + window keys against Nk = N; SDPA has no sliding window of its own): what the fastest kernels
@@ -88,6 +92,21 @@ def peer_ratios(B: int, H: int, N: int, d: int, window: int, reps: int) -> dict:
     return out
 
 
+def steady_ratio(full_kern, win_kern, qkv: tuple, out, seconds: float, frac: float) -> dict:
+    """Full attention and the window, each back to back for ``seconds`` (clock_power.measure): their times, SM clocks
+    and board power, and the window's time over full's per visible fraction, in time and in cycles."""
+    from clock_power import measure  # benchmarks/ is on sys.path when this runs as a script
+
+    q, k, v = qkv
+    tf, cf, pf = measure("full, back to back", lambda: full_kern(q, k, v, out=out), seconds)
+    tw, cw, pw = measure("window, back to back", lambda: win_kern(q, k, v, out=out), seconds)
+    r = dict(full_ms=tf, full_mhz=cf, full_w=pf, window_ms=tw, window_mhz=cw, window_w=pw,
+             ratio_over_visible=tw / tf / frac, cycles_ratio_over_visible=tw * cw / (tf * cf) / frac)
+    print(f"steady power: t(window) / t(full) = {tw:.4f} / {tf:.4f} ms = {r['ratio_over_visible']:.3f}x the visible "
+          f"fraction ({cw:.0f} / {cf:.0f} MHz, {pw:.0f} / {pf:.0f} W); in cycles {r['cycles_ratio_over_visible']:.3f}x")
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -109,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diag", action="store_true", help="also time the dense short-loop and causal references")
     ap.add_argument("--peers", action="store_true",
                     help="also time FlexAttention's window / full and cuDNN's short-loop efficiency (same run)")
+    ap.add_argument("--steady", type=float, default=0.0,
+                    help="also run full and window back to back this many seconds each, with SM clock and power")
     ap.add_argument("--schedule", default="v2", choices=("v2", "v3"),
                     help="the forward schedule timed (v3: sm_90 only; --plans then take option=value pairs)")
     args = ap.parse_args(argv)
@@ -124,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     sched = args.schedule
     print(f"# {torch.cuda.get_device_name()}: {sched} forward, bf16, B={B} H={H} N={N} d={d}", flush=True)
     res: dict[str, dict] = {}
+    kerns: dict[str, object] = {}
 
     def run(name: str, kern, nk: int = N, show_io: bool = False) -> dict | None:
         chk = check_kernel(kern, 1, 2, 2048, min(nk, 2048))
@@ -148,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, spec in specs.items():
         if args.tuned:  # plans of the timed schedule only
             tuned = autotune(spec, (B, H, N, d), schedule=sched, max_candidates=8)
-        kern = ac.compile(spec, sched, **tuned.options) if args.tuned else ac.compile(spec, sched)
+        kern = kerns[name] = ac.compile(spec, sched, **tuned.options) if args.tuned else ac.compile(spec, sched)
         if run(name, kern, show_io=name != "full") is None:
             return 1
     wname = f"window {args.window}"
@@ -188,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         nks = peers["nk_short"]
         print(f"peers: cuDNN dense Nk = {nks}: {peers['cudnn_short']:.3f} ms, Nk = {N}: {peers['cudnn_full']:.3f} ms; "
               f"per (q, k) pair {peers['cudnn_short'] / nks / (peers['cudnn_full'] / N):.3f}x the long loop's cost")
+    steady = steady_ratio(kerns["full"], kerns[wname], sets[0], out, args.steady, frac) if args.steady > 0 else None
     ratio = win["ms"] / full["ms"]
     ok = ratio <= 1.3 * frac
     print(f"\nvisible fraction {frac:.4f}; non-empty-tile fraction {win['tile_fraction']:.4f} "
@@ -204,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(os.environ["OUT"], "bench_masked_scaling.json"), "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), N=N, window=args.window, runs=res,
                            visible_fraction=frac, ratio=ratio, ratio_over_visible=ratio / frac, ok=ok,
-                           best_plan=best["plan"], best_ratio_over_visible=best_ratio / frac, peers=peers),
+                           best_plan=best["plan"], best_ratio_over_visible=best_ratio / frac, peers=peers,
+                           steady=steady),
                       f, indent=1)
     return 0 if ok else 1
 
