@@ -1,9 +1,9 @@
 #!/bin/bash
 # A session's first device call after launch-path changes made without a GPU: the full GPU suite (its log to $OUT;
 # the slowest tests listed; faulthandler names a test that hangs past 150 s), then the long fuzz from $FUZZ_START
-# for what time is left (FUZZ_S seconds; SUITE_WORKERS: pytest-xdist workers, default 8). The thirty-eighth session
-# left untested on the GPU: precompile_to_disk's lock and its skip of kernels already on disk (the suite's modules
-# with a precompiling fixture: test_gpu_fuzz, test_gpu_backward, test_gpu_variants, test_gpu_v3_bwd).
+# for what time is left (FUZZ_S seconds; SUITE_WORKERS: pytest-xdist workers, default 8). The fortieth session
+# left no library code untested on the GPU (only bench_masked_scaling.py --steady, a benchmark, has not run there);
+# its first call found a regression this suite alone could see (the functional API under torch.compile).
 set -u
 export PYTHONPATH=$PWD
 out=${OUT:-/tmp}
