@@ -415,7 +415,7 @@ def compile(
     will mostly see), else the nearest tuned bucket (``seqlen_hint`` None: the largest); otherwise
     the model's choice.  Any tuned plan is correct at every length -- the hint only picks the
     fastest.  ``build`` compiles eagerly (default: when ``target`` is the current GPU); with
-    :data:`attncompiler.runtime.spills.SPILL_REPLAN` (on) a v3 kernel it builds whose machine code spills
+    :data:`attncompiler.runtime.spills.SPILL_REPLAN` (on) a v2 or v3 kernel it builds whose machine code spills
     :data:`~attncompiler.runtime.spills.MIN_SPILL_BYTES` or more is planned again at a narrower BLOCK_N (the reason
     first in ``.plan.reasons``).  Kernels
     are cached by the IR's structure, schedule, plan and target: compiling an equal spec again
@@ -471,7 +471,7 @@ def compile(
         if reasons:
             plan = dataclasses.replace(plan, reasons=(*reasons, *plan.reasons))
         ks = sched.render(ir, plan, tgt)
-        if do_build and name == "v3" and _spills.SPILL_REPLAN:  # checked where it is compiled anyway
+        if do_build and _spills.SPILL_REPLAN:  # checked where it is compiled anyway (v2, v3: replan_widths)
             better = _spills.replan_spilling(sched, ir, tgt, plan_options, plan, ks)
             if better is not None:
                 plan = dataclasses.replace(better, reasons=(*reasons, *better.reasons))

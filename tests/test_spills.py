@@ -1,10 +1,11 @@
-"""Plans checked against ptxas's report (``runtime/spills.py``): a v3 kernel that spills at the planner's BLOCK_N is
-planned again narrower. CPU: the report through NVRTC (no GPU needed), the re-plan of a fuzz spec that spills, plans
-left alone (spill-free, or BLOCK_N asked for), and ``compile`` checking only what it builds. GPU: the re-planned
-kernel by the error-ratio rule."""
+"""Plans checked against ptxas's report (``runtime/spills.py``): a v3 or v2 kernel that spills at the planner's BLOCK_N
+is planned again narrower. CPU: the report through NVRTC (no GPU needed), the re-plan of fuzz specs that spill (v3 on
+sm_90a, v2 on sm_80), plans left alone (spill-free, BLOCK_N asked for, a schedule without re-plan widths), and
+``compile`` checking only what it builds. GPU: the re-planned kernels by the error-ratio rule."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import attncompiler as ac
 from attncompiler import api as ac_api
@@ -22,6 +23,9 @@ needs_nvrtc = pytest.mark.skipif(compiler.nvrtc_unavailable() is not None, reaso
 # fuzz seed 200069 (relative-bias table, min(s, 3), a mask reading a buffer; d = 64, fp16): at the planner's
 # BLOCK_N 176 ptxas spills ~120 B, at 160 ~40 B, at 144 nothing (nvcc / NVRTC 13.0, sm_90a)
 SPILLING_SEED = 200069
+# fuzz seed 200036 (d = 32): its default v2 plan, 128 x 128 with 4 warps, spills 348 B of stores on sm_80 and 128 B on
+# sm_90a; 128 x 64 spills nothing on either (NVRTC 13.0)
+SPILLING_SEED_V2 = 200036
 
 
 def _v3(spec, **options):
@@ -69,6 +73,52 @@ def test_plans_left_alone() -> None:
     assert spills.replan_spilling(sched, ir, tgt, {"block_n": 176}, plan, ks) is None  # the caller's width
 
 
+def test_v2_replan_widths() -> None:
+    """v2 tries its planner's narrower BLOCK_N choices, widest first; v3 steps of 16 down to 64, at most five."""
+    import dataclasses
+
+    from attncompiler.plan.v2 import V2_BLOCK_N_CHOICES
+
+    v2 = get_schedule("v2")
+    plan = v2.make_plan(build_ir(presets.plain(64)), get_target("sm_80"), block_n=128)
+    assert v2.replan_widths(plan) == tuple(sorted((w for w in V2_BLOCK_N_CHOICES if w < 128), reverse=True))
+    assert v2.replan_widths(dataclasses.replace(plan, block_n=min(V2_BLOCK_N_CHOICES))) == ()
+    _, _, _, p3, _ = _v3(presets.plain(64))
+    assert get_schedule("v3").replan_widths(dataclasses.replace(p3, block_n=176)) == (160, 144, 128, 112, 96)
+    assert get_schedule("v3").replan_widths(dataclasses.replace(p3, block_n=96)) == (80, 64)
+
+
+@needs_nvrtc
+def test_a_spilling_v2_plan_is_planned_narrower() -> None:
+    tgt = get_target("sm_80")
+    sched = get_schedule("v2")
+    ir = build_ir(fuzz.random_spec(SPILLING_SEED_V2).spec)
+    plan = sched.make_plan(ir, tgt)
+    ks = sched.render(ir, plan, tgt)
+    first = compiler.ptxas_report(ks.source, ks.arch)
+    assert plan.block_n == 128 and first.spill_bytes >= spills.MIN_SPILL_BYTES, (
+        f"premise: fuzz seed {SPILLING_SEED_V2}'s default v2 plan should spill at BLOCK_N 128 on sm_80, got BLOCK_N "
+        f"{plan.block_n} and {first}; pick another spilling seed (tests/test_spills.py)")
+    better = spills.replan_spilling(sched, ir, tgt, {}, plan, ks)
+    assert better is not None and better.block_n == 64, better
+    assert better.reasons[0].startswith("BLOCK_N 128 -> 64: the machine code spilled") and "(ptxas through NVRTC, " \
+        "sm_80; spills by BLOCK_N 128: " in better.reasons[0] and better.reasons[0].endswith("64: none)")
+    final = sched.render(ir, better, tgt)
+    assert compiler.ptxas_report(final.source, final.arch).spill_bytes == 0
+
+
+def test_a_schedule_without_widths_is_not_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule that names no narrower widths (v1, decode) is never re-planned, nor compiled for a report."""
+    calls: list[str] = []
+    monkeypatch.setattr(spills, "ptxas_report", lambda src, arch: calls.append(arch))
+    sched = get_schedule("v1")
+    assert not hasattr(sched, "replan_widths")
+    tgt = get_target("sm_80")
+    ir = build_ir(presets.plain(64))
+    plan = sched.make_plan(ir, tgt)
+    assert spills.replan_spilling(sched, ir, tgt, {}, plan, sched.render(ir, plan, tgt)) is None and calls == []
+
+
 def test_compile_checks_only_what_it_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planning for another GPU (no build) costs no NVRTC compile: the check runs where the kernel is compiled."""
     monkeypatch.setattr(spills, "SPILL_REPLAN", True)
@@ -77,6 +127,8 @@ def test_compile_checks_only_what_it_builds(monkeypatch: pytest.MonkeyPatch) -> 
     ac_api.clear_caches()
     kern = ac.compile(fuzz.random_spec(SPILLING_SEED).spec, "v3", target="sm_90", build=False)
     assert kern.plan.block_n == 176 and calls == []
+    kern = ac.compile(fuzz.random_spec(SPILLING_SEED_V2).spec, "v2", target="sm_80", build=False)
+    assert kern.plan.block_n == 128 and calls == []
     ac_api.clear_caches()
 
 
@@ -92,6 +144,33 @@ def test_gpu_replanned_kernel_is_correct(monkeypatch: pytest.MonkeyPatch) -> Non
     assert kern.plan.block_n < 176 and kern.plan.reasons[0].startswith("BLOCK_N 176 -> "), kern.plan.reasons[0]
     rep = compiler.ptxas_report(kern.kernel_source.source, kern.kernel_source.arch)
     assert rep is not None and rep.spill_bytes == 0
+    for B, H, N in ((2, 3, 300), (1, 4, 113)):
+        res = check_kernel(kern, B, H, N)
+        assert res.ok, f"{res}\n{fs.description}"
+    ac_api.clear_caches()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_replanned_v2_kernel_is_correct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v2 on this GPU's own arch: where the model's plan spills (sm_80 and sm_90a both do for this seed), the kernel
+    built is the narrower plan, and it passes the error-ratio rule."""
+    from attncompiler.plan.targets import detect_target
+    from attncompiler.testing import check_kernel
+
+    monkeypatch.setattr(spills, "SPILL_REPLAN", True)
+    ac_api.clear_caches()
+    fs = fuzz.random_spec(SPILLING_SEED_V2)
+    sched, tgt, ir = get_schedule("v2"), detect_target(), build_ir(fs.spec)
+    model = sched.render(ir, sched.make_plan(ir, tgt), tgt)
+    first = compiler.ptxas_report(model.source, model.arch)
+    if first is None or first.spill_bytes < spills.MIN_SPILL_BYTES:
+        pytest.skip(f"the model's v2 plan does not spill on {tgt.name} ({first})")
+    kern = ac.compile(fs.spec, "v2")
+    assert kern.plan.block_n < model.plan.block_n and kern.plan.reasons[0].startswith(
+        f"BLOCK_N {model.plan.block_n} -> "), kern.plan.reasons[0]
+    rep = compiler.ptxas_report(kern.kernel_source.source, kern.kernel_source.arch)
+    assert rep is not None and rep.spill_bytes < first.spill_bytes
     for B, H, N in ((2, 3, 300), (1, 4, 113)):
         res = check_kernel(kern, B, H, N)
         assert res.ok, f"{res}\n{fs.description}"
@@ -172,6 +251,9 @@ def test_candidates_compile_in_waves(monkeypatch: pytest.MonkeyPatch) -> None:
         reasons: tuple = ()
 
     class FakeSchedule:
+        def replan_widths(self, plan):
+            return spills.narrower_by_16(plan.block_n)
+
         def make_plan(self, ir, target, block_n=192):
             if block_n == 144:
                 raise spills.PlanError("smem 300000 B > 232448 B limit")

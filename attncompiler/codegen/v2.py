@@ -6,6 +6,7 @@ from typing import Any
 
 from ..ir.types import AttentionIR
 from ..plan.planner import plan_v2
+from ..plan.v2 import V2_BLOCK_N_CHOICES
 from ..plan.targets import Target
 from ..runtime.launch import AttnInputs
 from ..runtime.scoreskip import prepare_score_skip
@@ -23,6 +24,12 @@ class V2Schedule:
 
     def make_plan(self, ir: AttentionIR, target: Target, **options: Any):
         return plan_v2(ir, target, **options)
+
+    def replan_widths(self, plan) -> tuple[int, ...]:
+        """The key-tile widths a plan whose machine code spills is tried at (runtime/spills.py), widest first: the
+        planner's narrower BLOCK_N choices (each planned again, so BLOCK_M, warps, stages and Q in registers may
+        change with it)."""
+        return tuple(w for w in sorted(V2_BLOCK_N_CHOICES, reverse=True) if w < plan.block_n)
 
     def render(self, ir: AttentionIR, plan, target: Target, *, varlen: bool = False) -> KernelSource:
         """The translation unit; ``varlen`` renders the packed-sequence kernel (runtime/varlen.py)."""

@@ -21,6 +21,7 @@ from ..plan.targets import Target
 from ..plan.v3 import V3Plan, plan_v3
 from ..runtime.launch import AttnInputs, device_index
 from ..runtime.scoreskip import prepare_score_skip
+from ..runtime.spills import narrower_by_16
 from .hooks import render_prelude
 from .render import render_source
 from .schedule import KernelSource, ScheduleError
@@ -41,6 +42,10 @@ class V3Schedule:
             raise ScheduleError(f"v3 needs sm_90a, got {target.name} (TMA, wgmma and setmaxnreg are Hopper-only); "
                                 f"use schedule='v2' there")
         return plan_v3(ir, target, **options)
+
+    def replan_widths(self, plan: V3Plan) -> tuple[int, ...]:
+        """The key-tile widths a plan whose machine code spills is tried at (runtime/spills.py), widest first."""
+        return narrower_by_16(plan.block_n)
 
     def render(self, ir: AttentionIR, plan: V3Plan, target: Target, *, varlen: bool = False) -> KernelSource:
         """The translation unit of ``plan``; ``varlen``: the packed-sequence kernel (runtime/varlen.py), one tile

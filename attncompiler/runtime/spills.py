@@ -25,17 +25,24 @@ from typing import Any
 from ..plan.model import PlanError
 from .compiler import PtxasReport, ptxas_report
 
-__all__ = ["SPILL_REPLAN", "MAX_REPLANS", "MIN_REPLAN_BLOCK_N", "MIN_SPILL_BYTES", "replan_spilling"]
+__all__ = ["SPILL_REPLAN", "MAX_REPLANS", "MIN_REPLAN_BLOCK_N", "MIN_SPILL_BYTES", "narrower_by_16", "replan_spilling"]
 
-#: api.compile re-plans a v3 kernel it builds whose ptxas report spills, unless block_n was asked for
+#: api.compile re-plans a kernel it builds whose ptxas report spills (schedules with ``replan_widths``: v2, v3),
+#: unless block_n was asked for
 SPILL_REPLAN = True
 #: spills (stores + loads, bytes) below this are kept: the narrower tile cost more than they did (24 B: 0.93x)
 MIN_SPILL_BYTES = 32
 #: narrower widths tried at most (each is one NVRTC compile, ~1-2 s, all of them at once; the fuzz's worst case
 #: needed five)
 MAX_REPLANS = 5
-#: no narrower key tile than this (a 64-wide tile already halves the S accumulator of BLOCK_N 128)
+#: v3: no narrower key tile than this (a 64-wide tile already halves the S accumulator of BLOCK_N 128)
 MIN_REPLAN_BLOCK_N = 64
+
+
+def narrower_by_16(block_n: int) -> tuple[int, ...]:
+    """v3's re-plan widths below ``block_n``: steps of 16 (its BLOCK_N is any multiple of 16), widest first, at most
+    :data:`MAX_REPLANS`, none below :data:`MIN_REPLAN_BLOCK_N`."""
+    return tuple(range(block_n - 16, MIN_REPLAN_BLOCK_N - 1, -16))[:MAX_REPLANS]
 
 
 def _describe(bn: int, rep: PtxasReport | None) -> str:
@@ -44,15 +51,16 @@ def _describe(bn: int, rep: PtxasReport | None) -> str:
     return f"{bn}: {rep.spill_stores} B stores / {rep.spill_loads} B loads" if rep.spill_bytes else f"{bn}: none"
 
 
-def replan_spilling(schedule: Any, ir: Any, target: Any, options: dict[str, Any], plan: Any, source: Any,
-                    *, max_replans: int = MAX_REPLANS) -> Any | None:
+def replan_spilling(schedule: Any, ir: Any, target: Any, options: dict[str, Any], plan: Any, source: Any) -> Any | None:
     """None when the kernel of ``source`` (``schedule.render(ir, plan, target)``'s KernelSource) spills less than
-    :data:`MIN_SPILL_BYTES`, or NVRTC is missing, or ``options`` fix ``block_n``. Otherwise the plan to use instead:
-    the first narrower BLOCK_N (steps of 16, at most ``max_replans``, not below :data:`MIN_REPLAN_BLOCK_N`) that
-    ``schedule`` accepts with ``options`` and whose kernel spills nothing, or failing that the one that spills least
-    (``plan`` itself where none spills less), its first reason saying why. The candidates compile in parallel
-    threads. The caller renders the plan returned."""
-    if "block_n" in options:
+    :data:`MIN_SPILL_BYTES`, or NVRTC is missing, or ``options`` fix ``block_n``, or ``schedule`` has no
+    ``replan_widths(plan)`` (the narrower key-tile widths it can run, widest first: v3 steps of 16, v2 its BLOCK_N
+    choices). Otherwise the plan to use instead: the first of those widths that ``schedule`` accepts with ``options``
+    and whose kernel spills nothing, or failing that the one that spills least (``plan`` itself where none spills
+    less), its first reason saying why. The candidates compile in parallel threads. The caller renders the plan
+    returned."""
+    widths = getattr(schedule, "replan_widths", None)
+    if "block_n" in options or widths is None:
         return None
     first = ptxas_report(source.source, source.arch)
     if first is None or first.spill_bytes < MIN_SPILL_BYTES:
@@ -60,13 +68,11 @@ def replan_spilling(schedule: Any, ir: Any, target: Any, options: dict[str, Any]
     # the narrower widths the planner accepts, compiled side by side in waves of one per core (NVRTC runs without
     # the GIL): a spilling variant costs about one compile of wall time where one at a time took up to MAX_REPLANS
     cands: list[tuple[int, Any]] = []
-    bn = plan.block_n - 16
-    while bn >= MIN_REPLAN_BLOCK_N and len(cands) < max_replans:
+    for bn in widths(plan):
         try:
             cands.append((bn, schedule.make_plan(ir, target, **options, block_n=bn)))
         except PlanError as e:
             cands.append((bn, f"{bn}: refused ({str(e)[:80]})"))
-        bn -= 16
     plans = [(w, c) for w, c in cands if not isinstance(c, str)]
     by_width: dict[int, PtxasReport | None] = {}
     wave = max(1, min(len(plans), os.cpu_count() or 1))  # as many at once as there are cores, widest first
