@@ -10,6 +10,7 @@ from ..plan.v2 import V2_BLOCK_N_CHOICES
 from ..plan.targets import Target
 from ..runtime.launch import AttnInputs
 from ..runtime.scoreskip import prepare_score_skip
+from ..runtime.spills import MIN_REPLAN_BLOCK_N
 from .hooks import render_prelude
 from .render import render_source
 from .schedule import KernelSource
@@ -27,9 +28,9 @@ class V2Schedule:
 
     def replan_widths(self, plan) -> tuple[int, ...]:
         """The key-tile widths a plan whose machine code spills is tried at (runtime/spills.py), widest first: the
-        planner's narrower BLOCK_N choices (each planned again, so BLOCK_M, warps, stages and Q in registers may
-        change with it)."""
-        return tuple(w for w in sorted(V2_BLOCK_N_CHOICES, reverse=True) if w < plan.block_n)
+        planner's narrower BLOCK_N choices down to MIN_REPLAN_BLOCK_N (each planned again, so BLOCK_M, warps, stages
+        and Q in registers may change with it)."""
+        return tuple(w for w in sorted(V2_BLOCK_N_CHOICES, reverse=True) if MIN_REPLAN_BLOCK_N <= w < plan.block_n)
 
     def render(self, ir: AttentionIR, plan, target: Target, *, varlen: bool = False) -> KernelSource:
         """The translation unit; ``varlen`` renders the packed-sequence kernel (runtime/varlen.py)."""

@@ -1,19 +1,23 @@
-"""Plans checked against the machine code: a v3 kernel whose ptxas report shows local-memory spills is planned again
-with a narrower key tile.
+"""Plans checked against the machine code: a v3 or v2 kernel whose ptxas report shows local-memory spills is planned
+again with a narrower key tile.
 
-The planner's register model (``plan/v3.py`` ``v3_register_estimate``) counts the accumulators, not what a score_mod
-or a mask keeps live per element. The presets fit it, but composed mods need not: 39 of 480 random specs of the fuzz
-grammar (seeds 200000-200479) spilled 4-344 B of stores at the planner's BLOCK_N on sm_90a (nvcc 13.0), most of
-them with a mask or a score_mod that reads buffers at d = 64 (BLOCK_N 176 or 192), and every one was spill-free at
-some narrower width, 16 to 80 keys narrower. ptxas's own report (NVRTC with ``--ptxas-options=-v``, the runtime's
-compiler; no GPU needed) decides where no register model can: the first narrower BLOCK_N the planner accepts that
-spills nothing is taken, else the one that spills least, and the plan's reasons say why.
+The planners' register models (``plan/v3.py`` ``v3_register_estimate``, v2's constraints) count the accumulators,
+not what a score_mod or a mask keeps live per element. The presets fit them, but composed mods need not: 39 of 480
+random specs of the fuzz grammar (seeds 200000-200479) spilled 4-344 B of stores at the v3 planner's BLOCK_N on
+sm_90a (nvcc 13.0), most of them with a mask or a score_mod that reads buffers at d = 64 (BLOCK_N 176 or 192), and
+every one was spill-free at some narrower width, 16 to 80 keys narrower; v2's 128 x 128 tiles at d = 32 / 64 spill
+on sm_80 for 29 of 80 of the same specs (8-348 B of stores). ptxas's own report (NVRTC with
+``--ptxas-options=-v``, the runtime's compiler; no GPU needed) decides where no register model can: the first
+narrower BLOCK_N the planner accepts (the schedule's ``replan_widths``) that spills nothing is taken, else the one
+that spills least, and the plan's reasons say why.
 
 Small spills are left alone (:data:`MIN_SPILL_BYTES`). Measured on an H200 (thirty-seventh session,
-``benchmarks/spill_ab.py``, N = 4096, model's width against the re-planned one): spills of 56-688 B (stores + loads)
-ran 1.04-1.27x faster re-planned, 32 B tied (0.996x) and 24 B lost (0.93x: 12 B of spills cost less than 16 fewer
-keys per block). Where the re-plan runs it still takes the first width that spills nothing: for a 688 B spill,
-BLOCK_N 128 (none) beat 176 (32 B) by 1.13x. :func:`replan_spilling` is the whole mechanism and runs on the CPU.
+``benchmarks/spill_ab.py``, N = 4096, model's width against the re-planned one): v3 spills of 56-688 B (stores +
+loads) ran 1.04-1.27x faster re-planned, 32 B tied (0.996x) and 24 B lost (0.93x: 12 B of spills cost less than 16
+fewer keys per block). Where the re-plan runs it still takes the first width that spills nothing: for a 688 B spill,
+BLOCK_N 128 (none) beat 176 (32 B) by 1.13x. v2 (forty-first session, its kernels compiled for sm_90a): 128 -> 64
+ran 1.01-1.36x for six of seven spills of 32-348 B (0.92x for the seventh, a document mask), so v2 re-plans down to
+64 only (:data:`MIN_REPLAN_BLOCK_N`). :func:`replan_spilling` is the whole mechanism and runs on the CPU.
 """
 from __future__ import annotations
 
@@ -35,7 +39,9 @@ MIN_SPILL_BYTES = 32
 #: narrower widths tried at most (each is one NVRTC compile, ~1-2 s, all of them at once; the fuzz's worst case
 #: needed five)
 MAX_REPLANS = 5
-#: v3: no narrower key tile than this (a 64-wide tile already halves the S accumulator of BLOCK_N 128)
+#: no narrower key tile than this. v3: a 64-wide tile already halves the S accumulator of BLOCK_N 128. v2 (H200,
+#: sm_90a code, forty-first session, ``spill_ab.py --schedule v2``): 128 -> 64 ran 0.92-1.36x (six of seven spills
+#: of 32-348 B faster), 64 -> 32 lost in all four cases, 0.81-0.95x, even at 132-216 B of spills
 MIN_REPLAN_BLOCK_N = 64
 
 
