@@ -16,8 +16,8 @@ Small spills are left alone (:data:`MIN_SPILL_BYTES`). Measured on an H200 (thir
 loads) ran 1.04-1.27x faster re-planned, 32 B tied (0.996x) and 24 B lost (0.93x: 12 B of spills cost less than 16
 fewer keys per block). Where the re-plan runs it still takes the first width that spills nothing: for a 688 B spill,
 BLOCK_N 128 (none) beat 176 (32 B) by 1.13x. v2 (forty-first session, its kernels compiled for sm_90a): 128 -> 64
-ran 1.01-1.36x for six of seven spills of 32-348 B (0.92x for the seventh, a document mask), so v2 re-plans down to
-64 only (:data:`MIN_REPLAN_BLOCK_N`). :func:`replan_spilling` is the whole mechanism and runs on the CPU.
+ran 1.005-1.36x for seven of eight spills of 32-348 B (0.92x for the eighth, a document mask), so v2 re-plans down
+to 64 only (:data:`MIN_REPLAN_BLOCK_N`). :func:`replan_spilling` is the whole mechanism and runs on the CPU.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ MIN_SPILL_BYTES = 32
 #: needed five)
 MAX_REPLANS = 5
 #: no narrower key tile than this. v3: a 64-wide tile already halves the S accumulator of BLOCK_N 128. v2 (H200,
-#: sm_90a code, forty-first session, ``spill_ab.py --schedule v2``): 128 -> 64 ran 0.92-1.36x (six of seven spills
+#: sm_90a code, forty-first session, ``spill_ab.py --schedule v2``): 128 -> 64 ran 0.92-1.36x (seven of eight spills
 #: of 32-348 B faster), 64 -> 32 lost in all four cases, 0.81-0.95x, even at 132-216 B of spills
 MIN_REPLAN_BLOCK_N = 64
 
