@@ -204,13 +204,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
   // HALF_BLOCKS with a mask: a block's GEMMs over the half of its keys the warpgroup's rows can see (part_of)
   constexpr bool kHalf = Cfg::HALF_BLOCKS && Variant::kHasMask;
-  // (AC_V3_HALF_EDGES, timing probe: the half GEMMs only outside the loop -- S_0 and the last P V; inside it every
-  // block takes whole-width GEMMs, a half-EMPTY block's masked P being 0 there)
-#ifdef AC_V3_HALF_EDGES
-  constexpr bool kHalfEdges = kHalf;
-#else
-  constexpr bool kHalfEdges = false;
-#endif
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
@@ -362,7 +355,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
           wgmma_commit();
           mbar_wait(full_v(s_prev), phase_prev);
-          st.issue_pv_part(kHalfEdges ? 0 : part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+          st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
           wgmma_commit();
           turn_grant();
           masked = needs_mask(j);
@@ -370,11 +363,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           part_next = part_of(j_next);
           wgmma_wait<1>();
         };
-        if constexpr (kHalfEdges) {
-          step(0);
-        } else {
-          v3_by_part<Cfg>(st, part, step);
-        }
+        v3_by_part<Cfg>(st, part, step);
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
