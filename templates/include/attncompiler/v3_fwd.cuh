@@ -204,13 +204,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
 
   // HALF_BLOCKS with a mask: a block's GEMMs over the half of its keys the warpgroup's rows can see (part_of)
   constexpr bool kHalf = Cfg::HALF_BLOCKS && Variant::kHasMask;
-  // (AC_V3_HALF_EDGES, timing probe: the half GEMMs only outside the loop -- S_0 and the last P V; inside it every
-  // block takes whole-width GEMMs, a half-EMPTY block's masked P being 0 there)
-#ifdef AC_V3_HALF_EDGES
-  constexpr bool kHalfEdges = kHalf;
-#else
-  constexpr bool kHalfEdges = false;
-#endif
 
   V3Consumer<Cfg> st;
   int s = 0;  // ring slot and phase of the next K/V block (runs on across tiles, as the producer's)
@@ -325,7 +318,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       mbar_wait(full_k(s), phase);
       turn_wait();
       bool masked;
-      int j_next, part_next = 0;
+      int j_next, part_next;
       auto s0_step = [&](int pt) {
         wgmma_fence();
         st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
@@ -334,7 +327,7 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         // The block walk runs while the GEMMs do: off the path from S to the next issue.
         masked = needs_mask(j);
         j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-        if constexpr (!kHalfEdges) part_next = part_of(j_next);
+        part_next = part_of(j_next);
         wgmma_wait<0>();
       };
       v3_by_part<Cfg>(st, part, s0_step);
@@ -350,7 +343,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       int s_prev = s;
       unsigned int phase_prev = phase;
       int part_prev = part;
-      int j_last = -1;  // kHalfEdges: the loop's last block (its part is taken after the loop)
       ring_advance<STAGES>(s, phase);
       j = j_next;
       part = part_next;
@@ -363,19 +355,15 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
           st.issue_qk_part(pt, sQt, sKV0 + s * L::kStageBytes, wg);
           wgmma_commit();
           mbar_wait(full_v(s_prev), phase_prev);
-          st.issue_pv_part(kHalfEdges ? 0 : part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
+          st.issue_pv_part(part_prev, sKV0 + s_prev * L::kStageBytes + L::kKBytes);
           wgmma_commit();
           turn_grant();
           masked = needs_mask(j);
           j_next = walk.next(j, b, h, q0, q_hi, p, buf);
-          if constexpr (!kHalfEdges) part_next = part_of(j_next);
+          part_next = part_of(j_next);
           wgmma_wait<1>();
         };
-        if constexpr (kHalfEdges) {
-          step(0);
-        } else {
-          v3_by_part<Cfg>(st, part, step);
-        }
+        v3_by_part<Cfg>(st, part, step);
         reg_fence(st.acc_s);
         mbar_arrive(empty_k(s));  // S_i is done: K_i's slot may be refilled
         float alpha[2];
@@ -410,7 +398,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
         phase_prev = phase;
         part_prev = part;
         ring_advance<STAGES>(s, phase);
-        j_last = j;
         j = j_next;
         part = part_next;
 #ifdef AC_V3_TRACE
@@ -421,9 +408,6 @@ __device__ __forceinline__ void v3_fwd(const AttnParams& p, const AttnBuffers& b
       AC_TRACE_VALUE(AC_TRACE_TILE(tile), kTraceBlocks, threadIdx.x == 128, trace_blocks + 1);
       if constexpr (!kQPrefetch) mbar_arrive(barQfree);  // every S GEMM of this tile is done: Q may be reloaded
       // The last block's P V.
-      if constexpr (kHalfEdges) {
-        if (j_last >= 0) part_prev = part_of(j_last);
-      }
       mbar_wait(full_v(s_prev), phase_prev);
       turn_wait();
       wgmma_fence();
