@@ -1,7 +1,7 @@
 #!/bin/bash
 # Forty-second session: half blocks only outside the loop (AC_V3_HALF_EDGES with half_blocks=true: S_0 and the
 # last P V at half width where a warpgroup's rows see only half of that block; whole-width GEMMs inside the loop).
-# Second form (this commit): the tiles' parts taken only where used (S_0 and, after the loop, the last block).
+# Its second form (the parts taken only for S_0 and the last block, commit faf4d3c) is run_half_edges2.sh.
 # The define was removed after this measurement (docs/perf-notes.md, forty-second session); to run it again:
 #   git checkout e91cb5f -- templates/include/attncompiler/v3_fwd.cuh
 # Correctness by the error-ratio rule, then the same-call A/B against the default and the in-loop half blocks.

@@ -1,3 +1,4 @@
+#!/bin/bash
 export PYTHONPATH=$PWD
 # Forty-second session, second call: the probe's second form (commit faf4d3c, reverted after it): correctness and A/B.
 # To run it again: git checkout faf4d3c -- templates/include/attncompiler/v3_fwd.cuh
