@@ -55,6 +55,8 @@ class CompiledAttention:
     _decode_cp: "CompiledAttention | None" = field(default=None, repr=False)  # auto: decode's cp.async fallback
     #: forward launches by call signature (runtime/fastpath.py): a repeated call skips the checks and the packing
     _recipes: dict[tuple, Any] = field(default_factory=dict, repr=False)
+    #: backward launches by call signature (runtime/bwd_fastpath.py), for backwards with the kernel's own buffers
+    _bwd_recipes: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         _autograd.register_kernel(self)  # the custom op refers to this kernel by id

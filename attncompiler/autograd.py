@@ -85,6 +85,11 @@ def _buffer_map(kern: Any, buffers: Sequence[Tensor]) -> dict[str, Tensor]:
     return dict(zip(names, buffers))
 
 
+def _own_buffers(kern: Any, bufs: Mapping[str, Tensor]) -> bool:
+    """Whether ``bufs`` are the kernel's own captured tensors (recorded launches hold only those)."""
+    return len(bufs) == len(kern._buffers) and all(bufs.get(n) is t for n, t in kern._buffers.items())
+
+
 def _out_like(q: Tensor, dv: int) -> Tensor:
     """An empty (B, H, N, dv) tensor in q's layout: (B, N, H, d) storage when q's heads are inner
     (q.stride(1) < q.stride(2)), else contiguous (B, H, N, d).  The kernels' outputs and gradients
@@ -109,7 +114,7 @@ def _attention_fwd_impl(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], 
         out = _out_like(q, v.shape[-1])
         out.copy_(o)
         return out, lse.contiguous()
-    own = len(bufs) == len(kern._buffers) and all(bufs[n] is t for n, t in kern._buffers.items())
+    own = _own_buffers(kern, bufs)
     with torch.no_grad():
         return kern._launch_forward(q, k, v, return_lse=True, scale=scale, dropout_p=dropout_p, seed=seed,
                                     offset=offset, buffers=bufs, out=None, record=own)
@@ -142,9 +147,11 @@ def _attention_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         return tuple(res)
     from .runtime.backward import run_backward
 
+    own = _own_buffers(kern, bufs)
     return run_backward(kern.ir, kern.target, dout, q, k, v, out, lse, dlse, bufs, scale=scale, dropout_p=dropout_p,
                         seed=seed, offset=offset, deterministic=deterministic,
-                        options=getattr(kern, "backward_options", None), poison=POISON_GRADS)
+                        options=getattr(kern, "backward_options", None), poison=POISON_GRADS,
+                        recipes=kern._bwd_recipes if own else None)
 
 
 _attention_bwd = torch.library.custom_op("attncompiler::attention_bwd", mutates_args=())(_attention_bwd_impl)

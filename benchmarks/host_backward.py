@@ -1,5 +1,6 @@
 """Host cost of a backward call while the GPU is busy (so no launch waits on the GPU): microseconds per
-``run_backward`` call, each of its steps timed alone, then cProfile's top functions.
+``run_backward`` call (the full path, then a recorded launch), each of its steps timed alone, then cProfile's top
+functions.
 
     PYTHONPATH=. python3 benchmarks/host_backward.py ["128:causal:n=1024,64:plain:n=1024"] [--calls 200]
 
@@ -40,10 +41,18 @@ def main(argv: list[str] | None = None) -> int:
             RB.run_backward(kern.ir, kern.target, do, q, k, v, o, lse, None, {}, scale=scale, dropout_p=0.0,
                             seed=0, offset=0, options=bopts)
 
+        recipes: dict = {}
+
+        def recorded() -> None:  # the recorded launch of runtime/bwd_fastpath.py (the kernel's own buffers)
+            RB.run_backward(kern.ir, kern.target, do, q, k, v, o, lse, None, {}, scale=scale, dropout_p=0.0,
+                            seed=0, offset=0, options=bopts, recipes=recipes)
+
         for _ in range(5):
             call()
+            recorded()
         torch.cuda.synchronize()
-        print(f"{item}: {_busy_time(call, args.calls):.1f} us per backward call on the host (GPU busy)", flush=True)
+        print(f"{item}: {_busy_time(call, args.calls):.1f} us per backward call on the host (GPU busy); "
+              f"recorded launch {_busy_time(recorded, args.calls):.1f} us", flush=True)
         dims = L.check_inputs(q, k, v, kern.ir)
         src = RB.bwd_source(kern.ir, kern.target, options=bopts)
         ws = torch.empty(2, B * H * src.nq_padded(N), device=q.device, dtype=torch.float32)

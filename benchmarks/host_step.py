@@ -1,6 +1,7 @@
 """Host time of a small training step: ``kern(q, k, v).backward(do)`` at a shape whose kernels take far less
 than the host side, through the eager ``autograd.Function`` path and through the ``torch.library`` custom op
-(forced), interleaved in one process; then the step's kernel time (torch.profiler) and a cProfile of the eager step.
+(forced), interleaved in one process, and the eager step with the backward's full path (no recorded launch);
+then the step's kernel time (torch.profiler) and a cProfile of the eager step.
 
     PYTHONPATH=. python3 benchmarks/host_step.py [--rounds 2] [--steps 200] [--profile 25]
 
@@ -29,6 +30,24 @@ def custom_op_path() -> Iterator[None]:
         yield
     finally:
         autograd.plain_tensor = keep
+
+
+class _NoRecord(dict):
+    """A recipe table that keeps nothing: every backward takes the full path."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+@contextmanager
+def full_path_backward(kern: object) -> Iterator[None]:
+    """Backwards without recorded launches (runtime/bwd_fastpath.py), for the A/B."""
+    keep = kern._bwd_recipes
+    kern._bwd_recipes = _NoRecord()
+    try:
+        yield
+    finally:
+        kern._bwd_recipes = keep
 
 
 def time_steps(step: Callable[[], None], n: int) -> float:
@@ -85,6 +104,8 @@ def main() -> None:
             with custom_op_path():
                 op = time_steps(fn, args.steps)
             print(f"{r:5d} {name:>8s} {eager:9.0f} {op:10.0f}")
+        with full_path_backward(kern):
+            print(f"{r:5d} {'padded':>8s} {time_steps(padded, args.steps):9.0f}  (backward without a recorded launch)")
         print(f"{r:5d} {'no_grad':>8s} {time_steps(fwd_only, args.steps):9.0f}")
         print(f"{r:5d} {'sdpa':>8s} {time_steps(sdpa_step, args.steps):9.0f}  (torch SDPA, flash, causal)")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:

@@ -198,3 +198,101 @@ def test_gpu_auto_decode_records_its_siblings_launch() -> None:
     assert not torch.equal(wants[0], wants[1])
     res = check_kernel(kern, 1, 4, 300, repeat=True)  # a prefill shape: the kernel's own launch
     assert res.ok, res
+
+
+def _bwd_cases() -> list[tuple]:
+    """(id, spec, backward options, deterministic, layout, H_kv, use_lse): v3's backward where the GPU is a Hopper,
+    v2's everywhere."""
+    H = 4
+    cases = [
+        ("causal-d128-det", presets.causal(128), None, True, "bhnd", H, False),
+        ("alibi-d64-gqa-bnhd", presets.alibi(presets.alibi_slopes(H), 64), None, False, "bnhd", 2, False),
+        ("dropout-d64-det-lse", ac.AttentionSpec(head_dim=64, dropout_p=0.1, name="dropout"), None, True, "bhnd",
+         H, True),
+        ("softcap-d64-v2", presets.softcap(30.0, 64), {"schedule": "v2"}, False, "bhnd", H, False),
+        ("window-d64-v2-det", presets.sliding_window(100, 64), {"schedule": "v2"}, True, "bnhd", H, False),
+    ]
+    if hopper():
+        cases.append(("plain-d64-v3-det", presets.plain(64), {"schedule": "v3"}, True, "bhnd", H, False))
+    return cases
+
+
+def _leaves(B: int, H: int, H_kv: int, N: int, d: int, layout: str, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = ((B, H, N, d), (B, H_kv, N, d), (B, H_kv, N, d))
+    ts = [torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g) for s in shapes]
+    if layout == "bnhd":
+        ts = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in ts]
+    return [t.requires_grad_() for t in ts]
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", _bwd_cases(), ids=lambda c: c[0])
+def test_gpu_backward_takes_the_recorded_launch(case: tuple) -> None:
+    """A backward with a recorded signature takes the recording (new pointers, the same seed) and gives what the full
+    path gives for the same inputs: bit-identical where dQ's sum order is fixed (deterministic), dK and dV always;
+    dQ within fp32 reduction order otherwise. Inputs of 300 rows (no multiple of any block), gradients of out and
+    (with use_lse) of lse."""
+    from attncompiler.runtime import bwd_fastpath
+
+    _, spec, opts, det, layout, H_kv, use_lse = case
+    kern = ac.compile(spec)
+    kern.backward_options = opts
+    B, H, N, d = 2, 4, 300, spec.head_dim
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    go = torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    gl = torch.randn(B, H, N, device="cuda", generator=gen)
+
+    def step(leaves: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        out, lse = kern(*leaves, seed=7, deterministic=det, return_lse=True)
+        loss = (out.float() * go.float()).sum() + ((lse * gl).sum() if use_lse else 0.0)
+        return torch.autograd.grad(loss, leaves)
+
+    a, b = _leaves(B, H, H_kv, N, d, layout, 1), _leaves(B, H, H_kv, N, d, layout, 2)
+    hits = bwd_fastpath.stats["hits"]
+    first = step(a)  # records
+    assert len(kern._bwd_recipes) == 1 and bwd_fastpath.stats["hits"] == hits
+    fast = step(b)  # other tensors, the same signature
+    assert bwd_fastpath.stats["hits"] == hits + 1
+    kern._bwd_recipes.clear()
+    full = step(b)
+    assert bwd_fastpath.stats["hits"] == hits + 1 and len(kern._bwd_recipes) == 1
+    for name, f, s, o in zip(("dq", "dk", "dv"), fast, full, first):
+        assert torch.isfinite(f).all() and not torch.equal(f, o), f"{name}: the recording's pointers were not patched"
+        if det or name != "dq":
+            assert torch.equal(f, s), f"{name}: recorded launch differs from the full path"
+        else:
+            torch.testing.assert_close(f, s, rtol=2e-2, atol=2e-2 * s.abs().max().item())
+
+
+@needs_cuda
+def test_gpu_backward_recipe_sees_buffer_changes() -> None:
+    """ALiBi's slopes changed in place between steps: the backward takes the full path (new device copies) and records
+    again; gradients equal the full path's on the new slopes. Slopes passed per call (``buffers=``) never record."""
+    from attncompiler.runtime import bwd_fastpath
+
+    H = 4
+    slopes = presets.alibi_slopes(H).clone()
+    kern = ac.compile(presets.alibi(slopes, 64, causal=True))
+    leaves = _leaves(1, H, H, 257, 64, "bhnd", 3)
+    go = torch.randn(1, H, 257, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step(**kw: object) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(kern(*leaves, deterministic=True, **kw), leaves, go)
+
+    step()
+    hits = bwd_fastpath.stats["hits"]
+    before = step()
+    assert bwd_fastpath.stats["hits"] == hits + 1
+    kern._buffers[next(iter(kern._buffers))].mul_(0.5)
+    changed = step()
+    assert bwd_fastpath.stats["hits"] == hits + 1  # the full path ran and recorded anew
+    kern._bwd_recipes.clear()
+    full = step()
+    assert all(torch.equal(x, y) for x, y in zip(changed, full))
+    assert not torch.equal(changed[0], before[0])
+    own = {n: t.clone() for n, t in kern._buffers.items()}
+    n_rec = len(kern._bwd_recipes)
+    step(buffers=own)
+    step(buffers=own)
+    assert bwd_fastpath.stats["hits"] == hits + 1 and len(kern._bwd_recipes) == n_rec

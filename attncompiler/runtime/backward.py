@@ -23,6 +23,8 @@ from ..plan.model import PlanError
 from ..plan.targets import Target
 from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_auto_refusal, v3_bwd_refusal
 from .compiler import LoadedKernel, allow_dynamic_smem, compile_functions
+from . import bwd_fastpath
+from .bwd_fastpath import like_layout as _like_layout
 from .launch import AttnInputs, InputError, check_inputs, device_index, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .tma import tma_layout_error
@@ -111,14 +113,6 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:3]) and t.data_ptr() % 16 == 0
 
 
-def _like_layout(ref: torch.Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype) -> torch.Tensor:
-    """An empty (B, H, N, d) tensor in ref's memory layout (heads inner if ref is (B, N, H, d) storage)."""
-    B, H, N, d = shape
-    if ref.stride(1) < ref.stride(2):
-        return torch.empty(B, N, H, d, device=ref.device, dtype=dtype).transpose(1, 2)
-    return torch.empty(B, H, N, d, device=ref.device, dtype=dtype)
-
-
 def turn_counters(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, device: torch.device) -> tuple[int, Any]:
     """(address, owner) of the zeroed int32 turn counters ``src`` needs (deterministic v3 dQ), or (0, None).  The
     kernel leaves them zero, so they come from the per-stream arena of :mod:`.counters`; where it has no room (or
@@ -189,11 +183,20 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
                  v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                  buffers: Mapping[str, torch.Tensor], *, scale: float, dropout_p: float, seed: int, offset: int,
                  deterministic: bool = False, options: Mapping[str, Any] | None = None,
-                 poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 poison: bool = False, recipes: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of the attention ``ir`` (the backward :func:`bwd_source` picks) on torch's current stream.
 
     ``poison`` fills every output with NaN before the kernels run (tests: nothing may be left
-    unwritten)."""
+    unwritten).  ``recipes``: a table of recorded launches (:mod:`.bwd_fastpath`) for calls whose ``buffers`` are
+    the kernel's own; a repeated signature takes its recording."""
+    key = None
+    if recipes is not None and not poison:
+        key = bwd_fastpath.signature(dout, q, k, v, out, lse, dlse, scale, dropout_p, deterministic, options)
+        hit = recipes.get(key) if key is not None else None
+        done = bwd_fastpath.run(hit, dout, q, k, v, out, lse, dlse, seed, offset, buffers) if hit else None
+        if done is not None:
+            return done
+    as_given = (dout, out, lse, dlse)  # recorded only if the full path uses these as they are (no copies)
     dims: AttnInputs = check_inputs(q, k, v, ir)
     want = (dims.B, dims.H, dims.Nq, dims.DV)
     for name, t in (("dout", dout), ("out", out)):
@@ -237,8 +240,15 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
                         ir=ir, buffers=bufs)
     sem, sem_owner = turn_counters(src, dims, q.device)
     bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad, sem)
-    launch_bwd(src, fns, dims, P, bp, Bf, src.maps(P, bp, dims), q.device)
+    maps = src.maps(P, bp, dims)
+    launch_bwd(src, fns, dims, P, bp, Bf, maps, q.device)
     del sem_owner  # (the caching allocator reuses it only after the launches queued on this stream)
+    if key is not None and all(a is b for a, b in zip((dout, out, lse, dlse), as_given)):
+        counters = functools.partial(turn_counters, src, dims) if src.turn_counters(dims) else None
+        bwd_fastpath.record(recipes, key, src=src, fns=fns, grids=src.grids(dims), P=P, bp=bp, Bf=Bf,
+                            has_maps=maps is not None, build_maps=lambda P_, bp_: src.maps(P_, bp_, dims),
+                            turn_counters=counters, q=q, k=k, v=v, dq=None if rows_accum else dq, dk=dk, dv=dv,
+                            ws=ws, dq_accum=dq_accum, device_index=dev_idx, buffers=buffers, keep=(bufs, fns))
     if rows_accum:
         dq = _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype).copy_(dq_accum)
     return dq, dk, dv  # type: ignore[return-value]
