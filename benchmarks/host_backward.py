@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             "3 x empty + ws": lambda: (torch.empty_like(k), torch.empty_like(v), torch.empty_like(q),
                                       torch.empty(2, B * H * src.nq_padded(N), device=q.device,
                                                   dtype=torch.float32)),
-            "dq_accumulator (zeros)": lambda: RB.dq_accumulator(src, dims, q.device),
+            "dq_accumulator (empty)": lambda: RB.dq_accumulator(src, dims, q.device),
             "prepare_buffers": lambda: L.prepare_buffers(kern.ir, {}, q.device),
             "pack_params": lambda: L.pack_params(q, k, v, o, lse, None, dims, scale=scale, dropout_p=0.0, seed=0,
                                                  offset=0, ir=kern.ir, buffers=[]),

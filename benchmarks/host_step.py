@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--profile", type=int, default=25, help="rows of the cProfile table (0: none)")
+    ap.add_argument("--ab", type=int, default=0,
+                    help="only the A/B of the recorded backward: this many alternations of --steps steps each, medians")
     args = ap.parse_args()
     kern = ac.compile(presets.causal(128))
     dev, dt = "cuda", torch.bfloat16
@@ -97,6 +99,18 @@ def main() -> None:
 
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  causal d=128 (1, 16, 256, 128) bf16, "
           f"schedule {kern.schedule}; us per step")
+    if args.ab:
+        rec, full = [], []
+        for _ in range(args.ab):
+            rec.append(time_steps(padded, args.steps))
+            with full_path_backward(kern):
+                full.append(time_steps(padded, args.steps))
+        rec.sort()
+        full.sort()
+        print(f"eager padded step, {args.ab} alternations of {args.steps} steps: recorded backward median "
+              f"{rec[len(rec) // 2]:.0f} (range {rec[0]:.0f}-{rec[-1]:.0f}), full-path backward median "
+              f"{full[len(full) // 2]:.0f} (range {full[0]:.0f}-{full[-1]:.0f})")
+        return
     print(f"{'round':>5s} {'what':>8s} {'eager':>9s} {'custom op':>10s}")
     for r in range(args.rounds):
         for name, fn in (("padded", padded), ("packed", packed)):

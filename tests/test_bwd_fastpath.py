@@ -86,3 +86,27 @@ def test_like_layout_keeps_heads_inner() -> None:
     assert t.shape == (2, 3, 5, 32) and t.stride(1) < t.stride(2) and t.dtype == torch.float16
     c = bwd_fastpath.like_layout(torch.randn(2, 3, 5, 64), (2, 3, 5, 32), torch.float32)
     assert c.is_contiguous()
+
+
+def test_preprocess_zeroes_the_dq_accumulator() -> None:
+    """The dQ accumulator is allocated uninitialized: every backward's preprocess kernel zeroes the floats that
+    AttnBwdParams::dq_accum_floats names (first thing, with the launch's own bp, packed sequences included), and
+    bwd_params names all of them. (The GPU tests poison the accumulator with NaN before the kernels run.)"""
+    from attncompiler.ir import build_ir
+    from attncompiler.plan.targets import get_target
+    from attncompiler.runtime.backward import bwd_params, bwd_source
+    from attncompiler.spec import presets
+
+    ir = build_ir(presets.causal(64))
+    for target, opts in ((get_target("sm_90"), {}), (get_target("sm_90"), {"schedule": "v2"}),
+                         (get_target("sm_80"), {})):
+        for varlen in (False, True):
+            src = bwd_source(ir, target, options=opts, varlen=varlen).source
+            pre = src[src.index("attn_bwd_pre(const AttnParams p, const AttnBwdParams bp) {"):]
+            first = pre.split("\n")[1].strip()
+            assert first == "ac::bwd_zero_dq_accum(bp);", (target.name, opts, varlen, first)
+    acc = torch.empty(2, 3, 17, 64)
+    t = torch.empty(2, 3, 17, 64)
+    bp = bwd_params(t, None, t, t, acc, None, torch.empty(2, 96), 48)
+    assert bp.dq_accum == acc.data_ptr() and bp.dq_accum_floats == acc.numel()
+    assert bwd_params(t, t, t, t, None, None, torch.empty(2, 96), 48).dq_accum_floats == 0

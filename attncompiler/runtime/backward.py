@@ -130,12 +130,13 @@ def turn_counters(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, de
 
 
 def dq_accumulator(src: BwdKernelSource | V3BwdKernelSource, dims: AttnInputs, device: torch.device) -> torch.Tensor:
-    """The zeroed fp32 dQ accumulator of a padded-batch launch: (B, H, Nq, D) rows, or with ``src.dq_tiles`` the
-    tiles (B, Nq_pad / rows, H, D / chunk, rows, row_floats)."""
+    """The fp32 dQ accumulator of a padded-batch launch (uninitialized: the preprocess kernel zeroes it,
+    ``AttnBwdParams::dq_accum_floats``): (B, H, Nq, D) rows, or with ``src.dq_tiles`` the tiles (B, Nq_pad / rows, H,
+    D / chunk, rows, row_floats)."""
     t = src.dq_tiles
     if t is None:
-        return torch.zeros(dims.B, dims.H, dims.Nq, dims.D, device=device, dtype=torch.float32)
-    return torch.zeros(dims.B, src.nq_padded(dims.Nq) // t.rows, dims.H, dims.D // t.chunk, t.rows, t.row_floats,
+        return torch.empty(dims.B, dims.H, dims.Nq, dims.D, device=device, dtype=torch.float32)
+    return torch.empty(dims.B, src.nq_padded(dims.Nq) // t.rows, dims.H, dims.D // t.chunk, t.rows, t.row_floats,
                        device=device, dtype=torch.float32)
 
 
@@ -144,12 +145,14 @@ def bwd_params(dout: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor, dv
                dq_sem: int = 0) -> Any:
     """The AttnBwdParams of one backward launch (padded and varlen).  dout, dq, dk, dv are (B, H, N, d)
     views, whose strides the kernels index with (a packed varlen tensor: its (1, H, rows, d) view); dq is
-    None in atomic mode, which accumulates into dq_accum; ws holds the lse2 and dsum rows (Nq_pad each)."""
+    None in atomic mode, which accumulates into dq_accum (zeroed by the preprocess kernel); ws holds the lse2 and dsum
+    rows (Nq_pad each)."""
     bp = _bwd_params_type()()
     bp.dout = dout.data_ptr()
     bp.dq = dq.data_ptr() if dq is not None else None
     bp.dk, bp.dv = dk.data_ptr(), dv.data_ptr()
     bp.dq_accum = dq_accum.data_ptr() if dq_accum is not None else None
+    bp.dq_accum_floats = dq_accum.numel() if dq_accum is not None else 0  # the preprocess zeroes them
     bp.dlse = dlse.data_ptr() if dlse is not None else None
     bp.lse2 = ws.data_ptr()  # rows 0 and 1 of ws (no views made: this runs on every backward)
     bp.dsum = bp.lse2 + ws.stride(0) * ws.element_size()
@@ -226,6 +229,8 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
         dv.fill_(fill)
     atomic = plan.dq_mode == "atomic"
     dq_accum = dq_accumulator(src, dims, q.device) if atomic else None
+    if dq_accum is not None and poison:
+        dq_accum.fill_(fill)  # (the preprocess must zero every float of it)
     # the kernels write dq unless it is left in a row-major fp32 accumulator (the v2 backward, dq_red < 2)
     rows_accum = atomic and src.dq_tiles is None
     dq = None if rows_accum else _like_layout(q, (dims.B, dims.H, dims.Nq, dims.D), q.dtype)

@@ -62,7 +62,7 @@ class BackwardRecipe:
     dv_shape: tuple[int, int, int, int]
     dtype: torch.dtype
     ws_shape: tuple[int, int]
-    dq_accum_shape: tuple[int, ...] | None  # the zeroed fp32 accumulator of atomic dQ modes
+    dq_accum_shape: tuple[int, ...] | None  # the fp32 accumulator of atomic dQ modes
     rows_accum: bool  # dQ left in a row-major fp32 accumulator and converted here
     turn_counters: Callable[[torch.device], tuple[int, Any]] | None  # deterministic v3: (address, owner)
     maps: Callable[[ctypes.Structure, ctypes.Structure], Any] | None
@@ -142,7 +142,8 @@ def run(r: BackwardRecipe, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dv = like_layout(v, r.dv_shape, r.dtype)
     dq = None if r.rows_accum else like_layout(q, r.dq_shape, r.dtype)
     ws = torch.empty(r.ws_shape, device=dev, dtype=torch.float32)
-    dq_accum = torch.zeros(r.dq_accum_shape, device=dev, dtype=torch.float32) if r.dq_accum_shape else None
+    # (zeroed by the preprocess kernel: the template's dq_accum_floats)
+    dq_accum = torch.empty(r.dq_accum_shape, device=dev, dtype=torch.float32) if r.dq_accum_shape else None
     P = r.ptype.from_buffer_copy(r.p_template)
     P.q, P.k, P.v, P.o = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
     P.lse = lse.data_ptr()

@@ -75,7 +75,7 @@ BWD_PARAM_FIELDS: tuple[CField, ...] = (
     CField("dq", "void*", "dQ (B, H, Nq, D) in the element type (separate dQ pass); may be null"),
     CField("dk", "void*", "dK (B, H_kv, Nk, D)"),
     CField("dv", "void*", "dV (B, H_kv, Nk, DV)"),
-    CField("dq_accum", "float*", "fp32 dQ accumulator (B, H, Nq, D) contiguous, zeroed (atomic dQ); may be null"),
+    CField("dq_accum", "float*", "fp32 dQ accumulator (atomic dQ), zeroed by the preprocess; may be null"),
     CField("dlse", "const float*", "dL/dlse (B, H, Nq) float32 contiguous; may be null"),
     CField("lse2", "float*", "lse * log2(e) per row, +inf for empty and padded rows"),
     CField("dsum", "float*", "D = rowsum(dO * O) - dlse per row, 0 for padded rows"),
@@ -86,6 +86,8 @@ BWD_PARAM_FIELDS: tuple[CField, ...] = (
     CField("Nq_pad", "int", "rows of lse2 / dsum per (b, h)"),
     CField("dq_sem", "int*", "deterministic v3 dQ: a turn counter per (b, h, 64-row query block of Nq_pad), zero at "
            "launch and left zero; may be null"),
+    CField("dq_accum_floats", "long long", "floats of dq_accum (16-byte aligned) that the preprocess zeroes before the "
+           "main kernel adds into them; 0: none"),
 )
 
 

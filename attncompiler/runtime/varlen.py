@@ -320,11 +320,12 @@ def varlen_dq_rows(vi: VarlenInputs) -> int:
 
 
 def varlen_dq_accumulator(tiles: DqTiles | None, vi: VarlenInputs, device: torch.device) -> torch.Tensor:
-    """The zeroed fp32 dQ accumulator of a packed batch: one (H, Nq_b, D) block per sequence, or ``tiles``
-    (accumulator rows / rows, H, D / chunk, rows, row_floats) over :func:`varlen_dq_rows` rows."""
+    """The fp32 dQ accumulator of a packed batch (uninitialized: the preprocess kernel zeroes it): one (H, Nq_b, D)
+    block per sequence, or ``tiles`` (accumulator rows / rows, H, D / chunk, rows, row_floats) over
+    :func:`varlen_dq_rows` rows."""
     if tiles is None:
-        return torch.zeros(vi.total_q * vi.H * vi.D, device=device, dtype=torch.float32)
-    return torch.zeros(varlen_dq_rows(vi) // tiles.rows, vi.H, vi.D // tiles.chunk, tiles.rows, tiles.row_floats,
+        return torch.empty(vi.total_q * vi.H * vi.D, device=device, dtype=torch.float32)
+    return torch.empty(varlen_dq_rows(vi) // tiles.rows, vi.H, vi.D // tiles.chunk, tiles.rows, tiles.row_floats,
                        device=device, dtype=torch.float32)
 
 
@@ -383,6 +384,8 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     fns = load_bwd(src, _dev_index(q))
     atomic = plan.dq_mode == "atomic"
     dq_accum = varlen_dq_accumulator(src.dq_tiles, vi, q.device) if atomic else None
+    if dq_accum is not None and poison:
+        dq_accum.fill_(float("nan"))  # (the preprocess must zero every float of it)
     # the kernels write dq unless it is left in a row-major fp32 accumulator (the v2 backward, dq_red < 2)
     rows_accum = atomic and src.dq_tiles is None
     dq = None if rows_accum else alloc(vi.total_q, vi.H, vi.D)

@@ -10,6 +10,19 @@
 namespace ac {
 
 // ------------------------------------------------------------------------------------ preprocess
+// Zero the fp32 dQ accumulator (bp.dq_accum_floats floats from a 16-byte aligned bp.dq_accum) over the whole
+// preprocess grid, a float4 per thread and step; the main kernel, queued after it on the same stream, adds into it.
+// Called first, with the launch's own bp (packed sequences move bp's pointers to their sequence afterwards).
+__device__ __forceinline__ void bwd_zero_dq_accum(const AttnBwdParams& bp) {
+  const long long n = bp.dq_accum_floats;
+  if (n <= 0) return;
+  const long long threads = (long long)gridDim.x * gridDim.y * blockDim.x;
+  const long long tid = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  float4* a4 = reinterpret_cast<float4*>(bp.dq_accum);
+  for (long long i = tid; i < n / 4; i += threads) a4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (tid < n % 4) bp.dq_accum[n / 4 * 4 + tid] = 0.f;
+}
+
 template <int DV, int NUM_WARPS, int ROWS_PER_WARP>
 __device__ __forceinline__ void v2_bwd_pre(const AttnParams& p, const AttnBwdParams& bp) {
   using T = ac_elem_t;
