@@ -24,13 +24,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .fastpath import buffer_versions, remember
+from .fastpath import buffer_versions, remember, remembered
 from .launch import launch_structs
 
 __all__ = ["BackwardRecipe", "signature", "run", "record", "like_layout", "stats"]
 
 _SEED_MASK = 2**64 - 1
-_MAX_MAPS = 16
 #: backward calls launched from a recipe in this process (tests check that a repeated call took it)
 stats = {"hits": 0}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -89,18 +88,7 @@ def signature(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dlse: Any, 
 def _maps_by_pointers(build: Callable[[ctypes.Structure, ctypes.Structure], Any]
                       ) -> Callable[[ctypes.Structure, ctypes.Structure], Any]:
     """``build(P, bp)`` remembered by the pointers the v3 backward's maps describe (q, k, v, dO)."""
-    cache: dict[tuple[int, ...], Any] = {}
-
-    def maps(P: ctypes.Structure, bp: ctypes.Structure) -> Any:
-        key = (P.q, P.k, P.v, bp.dout)
-        hit = cache.get(key)
-        if hit is None:
-            if len(cache) >= _MAX_MAPS:
-                cache.clear()
-            hit = cache[key] = build(P, bp)
-        return hit
-
-    return maps
+    return remembered(build, lambda P, bp: (P.q, P.k, P.v, bp.dout))
 
 
 def record(recipes: dict, key: tuple, *, src: Any, fns: Mapping[str, Any], grids: Mapping[str, tuple[int, int, int]],

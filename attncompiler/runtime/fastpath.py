@@ -33,7 +33,7 @@ import torch
 from .launch import device_index, launch_structs
 
 __all__ = ["Launch", "FastLaunch", "ForwardRecipe", "MAX_RECIPES", "signature", "buffer_versions", "run", "recipe",
-           "remember", "maps_by_pointers", "stats"]
+           "remember", "remembered", "maps_by_pointers", "stats"]
 
 #: signatures remembered per compiled kernel (a full dictionary is cleared: a workload with more shapes than this
 #: pays the full path more often, never a wrong launch)
@@ -164,19 +164,25 @@ def remember(recipes: dict, key: tuple, recipe: ForwardRecipe) -> None:
     recipes[key] = recipe
 
 
-def maps_by_pointers(build: Callable[[ctypes.Structure], Any],
-                     fields: tuple[str, ...] = ("q", "k", "v", "o")) -> Callable[[ctypes.Structure], Any]:
-    """``build(P)`` (a TMA maps struct from P's pointers and strides) remembered by the pointers P holds in
-    ``fields`` (those the maps describe): the strides are fixed by the recipe's signature."""
-    cache: dict[tuple[int, ...], Any] = {}
+def remembered(build: Callable[..., Any], key_of: Callable[..., tuple]) -> Callable[..., Any]:
+    """``build(*structs)`` remembered by ``key_of(*structs)`` (the pointers the result describes), at most
+    ``_MAX_MAPS`` of them (a full cache is emptied)."""
+    cache: dict[tuple, Any] = {}
 
-    def maps(P: ctypes.Structure) -> Any:
-        key = tuple(getattr(P, f) for f in fields)
+    def call(*structs: ctypes.Structure) -> Any:
+        key = key_of(*structs)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _MAX_MAPS:
                 cache.clear()
-            hit = cache[key] = build(P)
+            hit = cache[key] = build(*structs)
         return hit
 
-    return maps
+    return call
+
+
+def maps_by_pointers(build: Callable[[ctypes.Structure], Any],
+                     fields: tuple[str, ...] = ("q", "k", "v", "o")) -> Callable[[ctypes.Structure], Any]:
+    """``build(P)`` (a TMA maps struct from P's pointers and strides) remembered by the pointers P holds in
+    ``fields`` (those the maps describe): the strides are fixed by the recipe's signature."""
+    return remembered(build, lambda P: tuple(getattr(P, f) for f in fields))
