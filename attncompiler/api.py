@@ -238,10 +238,10 @@ class CompiledAttention:
         (runtime/fastpath.py); ``record_in``: (recipes, key) of the kernel that handed this call to its sibling
         (decode, or v2 for layouts TMA cannot describe), where the sibling's launch is recorded."""
         recipe_key = None
-        if record and dims is None and out is None:
-            recipe_key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p)
+        if record and dims is None:
+            recipe_key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p, out)
             recipe = self._recipes.get(recipe_key) if recipe_key is not None else None
-            done = _fastpath.run(recipe, q, k, v, seed, offset, self._buffers) if recipe is not None else None
+            done = _fastpath.run(recipe, q, k, v, seed, offset, self._buffers, out) if recipe is not None else None
             if done is not None:
                 o, lse, self.last_seed = done
                 self.last_offset = offset

@@ -1,5 +1,6 @@
 """Host cost of a v3 forward call while the GPU is busy (so no launch waits on the GPU): microseconds per call,
-then cProfile's top functions; ``--parts``: each step of the call timed alone; ``--sdpa``: torch SDPA's call.
+then cProfile's top functions; ``--parts``: each step of the call timed alone, and the whole call with ``out=``
+(recorded and full path); ``--sdpa``: torch SDPA's call.
 
     PYTHONPATH=. python3 benchmarks/host_forward.py ["128:sliding_window,128:plain:n=1024"] [--calls 300] [--parts]
 
@@ -91,9 +92,18 @@ def _parts(kern, q, k, v, calls: int) -> None:
         kern._recipes.clear()
         kern(q, k, v)
 
+    out = torch.empty_like(o)
+    kern(q, k, v, out=out)  # records the out= signature
+
+    def full_out() -> None:
+        kern._recipes.clear()
+        kern(q, k, v, out=out)
+
     parts = {
         "whole call (recorded launch)": lambda: kern(q, k, v),
         "whole call (full path)": full,
+        "whole call, out= (recorded launch)": lambda: kern(q, k, v, out=out),
+        "whole call, out= (full path)": full_out,
         "  signature": lambda: fastpath.signature(q, k, v, False, None, None),
         "  fastpath.run": lambda: fastpath.run(recipe, q, k, v, None, 0, kern._buffers),
         "  launch alone": lambda: fl.launch(P, 0),

@@ -20,6 +20,23 @@ def test_signature_fixes_everything_but_pointers() -> None:
     assert sig != fastpath.signature(q.half(), k, v, False, None, None)
 
 
+def test_signature_of_calls_with_out() -> None:
+    """``out=`` is part of the key: its shape, strides, dtype and device, never its pointer."""
+    q, k, v = (torch.randn(2, 3, 17, 64) for _ in range(3))
+    out = torch.empty(2, 3, 17, 64)
+    sig = fastpath.signature(q, k, v, False, None, None, out)
+    assert sig == fastpath.signature(q, k, v, False, None, None, torch.empty(2, 3, 17, 64))
+    assert sig != fastpath.signature(q, k, v, False, None, None)  # no out: the output is allocated per call
+    heads_inner = torch.empty(2, 17, 3, 64).transpose(1, 2)
+    assert sig != fastpath.signature(q, k, v, False, None, None, heads_inner)
+    assert sig != fastpath.signature(q, k, v, False, None, None, out.half())
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert fastpath.signature(q, k, v, False, None, None, out.as_subclass(Sub)) is None
+
+
 def test_buffer_versions_follow_in_place_changes() -> None:
     a, b = torch.ones(3), torch.zeros(2, dtype=torch.int32)
     before = fastpath.buffer_versions({"a": a, "b": b})
@@ -71,6 +88,7 @@ def test_no_recorded_launch_under_capture_or_misalignment(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     flat = torch.randn(8 * 64 + 1)
     assert fastpath.run(recipe, flat[1:].view(1, 1, 8, 64), k, v, None, 0, {}) is None
+    assert fastpath.run(recipe, q, k, v, None, 0, {}, out=flat[1:].view(1, 1, 8, 64)) is None  # a misaligned out
 
 
 def test_device_index_of_indexed_and_bare_devices(monkeypatch) -> None:

@@ -105,6 +105,49 @@ def test_gpu_misaligned_repeat_is_refused() -> None:
         kern(q_off, k, v)
 
 
+def _out_specs() -> list[tuple[str, str, ac.AttentionSpec]]:
+    cases = [("v2", "plain-d64", presets.plain(64)), ("v1", "causal-d64", presets.causal(64))]
+    if hopper():
+        cases += [("v3", "plain-d128", presets.plain(128)),  # the persistent grid with TMA stores of O
+                  ("v3", "window-d128", presets.sliding_window(256, 128)), ("auto", "decode-d128", presets.causal(128))]
+    return cases
+
+
+@needs_cuda
+@pytest.mark.parametrize("schedule,name,spec", _out_specs(), ids=lambda x: x if isinstance(x, str) else "")
+def test_gpu_calls_with_out_take_the_recorded_launch(schedule: str, name: str, spec: ac.AttentionSpec) -> None:
+    """``out=`` calls record per signature (out's strides included) and write the caller's tensor: bit-identical to
+    the full path, in both output layouts, a new out tensor per call (a poisoned one: every element is written);
+    the auto schedule's decode sibling (Nq = 1) too. A misaligned out keeps the full path's error."""
+    decode = name.startswith("decode")
+    B, H, Nq, Nk = (2, 4, 1, 3000) if decode else (2, 3, 300, 300)
+    d = spec.head_dim
+    kern = ac.compile(spec, schedule)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    q = torch.randn(B, H, Nq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(B, H, Nk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    layouts = {"bhnd": lambda: torch.full((B, H, Nq, d), float("nan"), device="cuda", dtype=torch.bfloat16),
+               "bnhd": lambda: torch.full((B, Nq, H, d), float("nan"), device="cuda",
+                                          dtype=torch.bfloat16).transpose(1, 2)}
+    for layout, make in layouts.items():
+        kern(torch.randn_like(q), k, v, out=make())  # records
+        hits = fastpath.stats["hits"]
+        out = make()
+        res = kern(q, k, v, out=out)
+        assert res is out and fastpath.stats["hits"] == hits + 1, f"{name} {layout}: expected the recorded launch"
+        kern._recipes.clear()
+        want = kern(q, k, v, out=make())
+        assert torch.isfinite(out).all() and torch.equal(out, want), f"{name} {layout}: recorded != full path"
+        assert torch.equal(kern(q, k, v), want)  # no out=: its own signature, the same result
+    kern(q, k, v, out=layouts["bhnd"]())  # recorded again: the misaligned out below has this signature
+    flat = torch.empty(B * H * Nq * d + 8, device="cuda", dtype=torch.bfloat16)
+    bad = flat[4:4 + B * H * Nq * d].view(B, H, Nq, d)  # the same shape and strides, base 8 bytes off
+    assert fastpath.signature(q, k, v, False, None, None, bad) in kern._recipes
+    for _ in range(2):
+        with pytest.raises(InputError, match="16-byte aligned"):
+            kern(q, k, v, out=bad)
+
+
 @needs_cuda
 @needs_hopper
 def test_gpu_recipe_under_graph_capture() -> None:

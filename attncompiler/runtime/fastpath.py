@@ -7,17 +7,19 @@ the GPU waited for the host (a sliding-window kernel of 255 µs read 265 µs in 
 takes less time than our host path did).
 
 Everything but the pointers (and a dropout call's seed) is a function of the call's *signature*: the shapes,
-strides, dtypes and devices of q, k and v, ``return_lse``, and the scale and dropout asked for. The first call of a
+strides, dtypes and devices of q, k and v (and of ``out=`` when the caller passes one), ``return_lse``, and the scale
+and dropout asked for. The first call of a
 signature runs the full path, which validates everything and records a :class:`ForwardRecipe` (the parameter
 struct's bytes, the launch's function, grid and extra arguments, the versions of the kernel's captured buffers); a
 later call with the same signature only re-checks what the signature does not fix (16-byte aligned base pointers,
 the buffers' versions: one changed in place needs new device copies and tables, so the full path runs and records
-again), allocates the output, patches the pointers into a copy of the struct and launches. Inputs that fail a check
+again; an ``out=`` tensor 16-byte aligned, as the full path's check asks), allocates the output unless the caller
+passed one, patches the pointers into a copy of the struct and launches. Inputs that fail a check
 never get a recipe, so they keep failing with the full path's error.
 
 Autograd's forward (the ``attncompiler::attention_fwd`` op, eager or under ``torch.compile``) records and takes
-launches the same way when its buffers are the kernel's own. Not recorded (the full path runs every time): ``out=``,
-buffers passed per call (``buffers=``: a recipe would hold each tensor alive), packed sequences, the backward,
+launches the same way when its buffers are the kernel's own. Not recorded (the full path runs every time): buffers
+passed per call (``buffers=``: a recipe would hold each tensor alive), packed sequences, the backward,
 kernels whose launch derives data from the inputs (the score skip's row norms), and calls inside CUDA graph capture.
 A ``schedule="auto"`` call that a sibling kernel answers (the decode schedule's split and combine kernels, or v2 for
 layouts TMA cannot describe) is recorded under the called kernel's signature with the sibling's launch.
@@ -88,12 +90,20 @@ class ForwardRecipe:
     keep: tuple[Any, ...] = field(default=(), repr=False)
 
 
-def signature(q: Any, k: Any, v: Any, return_lse: bool, scale: Any, dropout_p: Any) -> tuple | None:
-    """The key a recipe is stored under, or None where no recipe applies (an argument is not a plain tensor)."""
+def signature(q: Any, k: Any, v: Any, return_lse: bool, scale: Any, dropout_p: Any,
+              out: Any = None) -> tuple | None:
+    """The key a recipe is stored under, or None where no recipe applies (an argument is not a plain tensor).
+    ``out``: the caller's output tensor, if any (its shape, strides, dtype and device are part of the key)."""
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
         return None  # (a subclass may reinterpret shapes or pointers: the full path every time)
+    if out is None:
+        o_key: tuple | None = None
+    elif type(out) is torch.Tensor:
+        o_key = (out.shape, out.stride(), out.dtype, out.device)
+    else:
+        return None
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(),
-            v.dtype, v.device, return_lse, scale, dropout_p)
+            v.dtype, v.device, return_lse, scale, dropout_p, o_key)
 
 
 def buffer_versions(buffers: Mapping[str, Any]) -> tuple[int, ...]:
@@ -103,22 +113,28 @@ def buffer_versions(buffers: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: int | None,
-        offset: int, buffers: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
-    """Launch ``recipe`` for these inputs and the kernel's captured ``buffers``: (o, lse or None, the seed used), or
-    None when the full path must run: a base pointer not 16-byte aligned (that path says so), a buffer changed in
-    place since the recipe was recorded, or CUDA graph capture. A captured call takes the full path because the
+        offset: int, buffers: Mapping[str, Any],
+        out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """Launch ``recipe`` for these inputs and the kernel's captured ``buffers``, writing ``out`` when given (the
+    recipe's signature fixed its shape, strides, dtype and device): (o, lse or None, the seed used), or None when
+    the full path must run: a base pointer not 16-byte aligned (that path says so), a buffer changed in place since
+    the recipe was recorded, or CUDA graph capture. A captured call takes the full path because the
     graph must hold the work that path does on the GPU per call (the granule tables of buffers the tile classifier
     reads, recomputed on every replay: tests/test_gpu_bufreads.py) and the device memory it pins (the tile list);
     capture happens once, so its host time does not matter."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    if (qp | kp | vp) & 15 or buffer_versions(buffers) != recipe.buffer_versions:
+    op = out.data_ptr() if out is not None else 0
+    if (qp | kp | vp | op) & 15 or buffer_versions(buffers) != recipe.buffer_versions:
         return None
     if torch.cuda.is_current_stream_capturing():
         return None
     fl = recipe.launch
-    o = torch.empty(recipe.o_shape, device=recipe.device, dtype=recipe.dtype)
-    if recipe.o_heads_inner:
-        o = o.transpose(1, 2)
+    if out is not None:
+        o = out
+    else:
+        o = torch.empty(recipe.o_shape, device=recipe.device, dtype=recipe.dtype)
+        if recipe.o_heads_inner:
+            o = o.transpose(1, 2)
     lse = (torch.empty(recipe.lse_shape, device=recipe.device, dtype=torch.float32)
            if recipe.lse_shape is not None else None)
     ws = (torch.empty(recipe.workspace_floats, device=recipe.device, dtype=torch.float32)
@@ -145,8 +161,8 @@ def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def recipe(fl: Launch, params: ctypes.Structure, q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
            p_drop: float, workspace_floats: int, buffers: Mapping[str, Any], keep: tuple[Any, ...]) -> ForwardRecipe:
-    """The recipe of a call the full path just launched with ``params`` (o in q's layout, as that path allocates
-    it)."""
+    """The recipe of a call the full path just launched with ``params`` (the output's allocation in q's layout, as
+    that path allocates it; a call that passed ``out=`` has it in its signature and never allocates)."""
     heads_inner = q.stride(1) < q.stride(2)
     idx = device_index(q.device)
     return ForwardRecipe(fl, idx, bytes(params), type(params),
