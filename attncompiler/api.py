@@ -156,7 +156,7 @@ class CompiledAttention:
         self._check_dropout(p_drop)
         sc = self.ir.scale if scale is None else float(scale)
         det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
-        rng = _autograd.make_rng(seed if p_drop > 0 else 0, offset)
+        rng = _autograd.make_rng(seed, offset) if p_drop > 0 else None  # (None: no rng tensor in a CUDA graph)
         o, lse = _autograd.attention_op(self, q, k, v, scale=sc, dropout_p=p_drop, rng=rng, buffers=values,
                                         deterministic=det)
         return (o, lse) if return_lse else o

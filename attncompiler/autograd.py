@@ -6,7 +6,9 @@ Three ops, registered when this module is imported (nothing runs on a GPU at imp
 -> (out, lse)``
     The compiled forward (any schedule).  ``kernel_id`` names a :class:`CompiledAttention` in this
     module's registry (:func:`register_kernel`), so the op takes only tensors and simple scalars;
-    ``rng`` is an int64 CPU tensor [seed, offset] (two's complement for seeds >= 2^63).
+    ``rng`` is None without dropout, else an int64 CPU tensor [seed, offset] (two's complement for seeds
+    >= 2^63).  With dropout the same implementation runs as ``attncompiler::attention_fwd_dropout``, which
+    carries torch's ``cudagraph_unsafe`` tag (below).
 ``attncompiler::attention_bwd(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng,
 deterministic) -> (dq, dk, dv)``
     The v2 backward kernels (:mod:`attncompiler.runtime.backward`) -- also for a v1 forward, whose
@@ -17,7 +19,14 @@ deterministic) -> (dq, dk, dv)``
 
 Each op has a fake (meta) implementation for ``torch.compile``, and the forward is registered with
 ``torch.library.register_autograd``; dropout's seed and offset are saved so the backward replays
-the same Philox stream (no mask is stored).  On CPU tensors the ops run the float32 torch
+the same Philox stream (no mask is stored).
+
+CUDA graphs (``torch.compile(mode="reduce-overhead")``): a graph output must live in the graph's memory pool, and
+an rng tensor [seed, offset] made from a fixed seed is a CPU constant that the forward saves for the backward, so
+inductor refused the whole step ("storage data ptrs are not allocated in pool").  Without dropout there is no rng
+tensor, and inductor captures the forward and backward kernels.  With dropout the seed is read on the host when the
+kernel launches, so a graph would replay the first call's seed: the dropout forward op is tagged
+``cudagraph_unsafe``, and inductor runs that graph without CUDA graphs (it logs why).  On CPU tensors the ops run the float32 torch
 reference (``reference_attention`` / ``torch_backward``) so that the integration is testable
 without a GPU.
 """
@@ -31,7 +40,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["register_kernel", "get_kernel", "attention_op", "make_rng", "POISON_GRADS"]
+__all__ = ["register_kernel", "get_kernel", "attention_op", "make_rng", "POISON_GRADS", "CUDAGRAPH_UNSAFE"]
 
 #: Tests set this to True: backward outputs are filled with NaN before the kernels run.
 POISON_GRADS = False
@@ -63,7 +72,7 @@ def get_kernel(kernel_id: int) -> Any:
 
 
 def make_rng(seed: int | None, offset: int) -> Tensor:
-    """The op's rng tensor: int64 [seed, offset] on the CPU (a fresh random seed when None)."""
+    """The op's rng tensor for a dropout call: int64 [seed, offset] on the CPU (a fresh random seed when None)."""
     def s64(x: int) -> int:
         x &= 2**64 - 1
         return x - 2**64 if x >= 2**63 else x
@@ -73,7 +82,9 @@ def make_rng(seed: int | None, offset: int) -> Tensor:
     return torch.tensor([s64(seed), s64(offset)], dtype=torch.int64)
 
 
-def _rng_values(rng: Tensor) -> tuple[int, int]:
+def _rng_values(rng: Optional[Tensor]) -> tuple[int, int]:
+    if rng is None:  # no dropout
+        return 0, 0
     seed, offset = (int(x) for x in rng.tolist())
     return seed & (2**64 - 1), offset & (2**64 - 1)
 
@@ -102,7 +113,7 @@ def _out_like(q: Tensor, dv: int) -> Tensor:
 
 # ----------------------------------------------------------------------------------------- forward
 def _attention_fwd_impl(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], kernel_id: int, scale: float,
-                        dropout_p: float, rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
+                        dropout_p: float, rng: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
     kern = get_kernel(kernel_id)
     seed, offset = _rng_values(rng)
     bufs = _buffer_map(kern, buffers)
@@ -120,19 +131,27 @@ def _attention_fwd_impl(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], 
                                     offset=offset, buffers=bufs, out=None, record=own)
 
 
+#: torch's tag for ops a CUDA graph must not capture (inductor then runs the graph without one)
+CUDAGRAPH_UNSAFE: tuple = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
 _attention_fwd = torch.library.custom_op("attncompiler::attention_fwd", mutates_args=())(_attention_fwd_impl)
+_attention_fwd_dropout = torch.library.custom_op("attncompiler::attention_fwd_dropout", mutates_args=(),
+                                                 tags=CUDAGRAPH_UNSAFE)(_attention_fwd_impl)
 
 
-@_attention_fwd.register_fake
-def _(q, k, v, buffers, kernel_id, scale, dropout_p, rng, deterministic):
+def _fwd_fake(q, k, v, buffers, kernel_id, scale, dropout_p, rng, deterministic):
     B, H, N, _ = q.shape
     return _out_like(q, v.shape[-1]), q.new_empty(B, H, N, dtype=torch.float32)
+
+
+_attention_fwd.register_fake(_fwd_fake)
+_attention_fwd_dropout.register_fake(_fwd_fake)
 
 
 # ----------------------------------------------------------------------------------------- backward
 def _attention_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         dlse: Optional[Tensor], buffers: list[Tensor], kernel_id: int, scale: float, dropout_p: float,
-                        rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                        rng: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     kern = get_kernel(kernel_id)
     seed, offset = _rng_values(rng)
     bufs = _buffer_map(kern, buffers)
@@ -165,7 +184,7 @@ def _(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng, 
 @torch.library.custom_op("attncompiler::attention_bwd_buffers", mutates_args=())
 def _attention_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                            dlse: Optional[Tensor], buffers: list[Tensor], need: list[bool], kernel_id: int,
-                           scale: float, dropout_p: float, rng: Tensor) -> list[Tensor]:
+                           scale: float, dropout_p: float, rng: Optional[Tensor]) -> list[Tensor]:
     from .backward_torch import torch_backward
 
     kern = get_kernel(kernel_id)
@@ -211,6 +230,7 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
 
 
 torch.library.register_autograd("attncompiler::attention_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("attncompiler::attention_fwd_dropout", _backward, setup_context=_setup_context)
 
 
 def eager_forward(ctx: Any, impl: Any, setup_context: Any, args: tuple) -> Any:
@@ -232,7 +252,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, kernel_id: int, scale: float, dropout_p: float,
-                rng: Tensor, deterministic: bool, *buffers: Tensor) -> tuple[Tensor, Tensor]:
+                rng: Optional[Tensor], deterministic: bool, *buffers: Tensor) -> tuple[Tensor, Tensor]:
         args = (q, k, v, list(buffers), kernel_id, scale, dropout_p, rng, deterministic)
         return eager_forward(ctx, _attention_fwd_impl, _setup_context, args)
 
@@ -248,12 +268,13 @@ def plain_tensor(t: Any) -> bool:
 
 
 def attention_op(kernel: Any, q: Tensor, k: Tensor, v: Tensor, *, scale: float, dropout_p: float,
-                 rng: Tensor, buffers: Mapping[str, Tensor], deterministic: bool = False) -> tuple[Tensor, Tensor]:
+                 rng: Optional[Tensor], buffers: Mapping[str, Tensor],
+                 deterministic: bool = False) -> tuple[Tensor, Tensor]:
     """(out, lse), differentiable: through the custom op when ``torch.compile`` traces (or a tensor subclass, such
     as a fake tensor, is passed), else through :class:`_EagerAttention` (the same kernels, less host time)."""
     kid = kernel._op_id or register_kernel(kernel)
     bufs = [buffers[b.name] for b in kernel.ir.buffers]
     if not torch.compiler.is_compiling() and all(plain_tensor(t) for t in (q, k, v, *bufs)):
         return _EagerAttention.apply(q, k, v, kid, float(scale), float(dropout_p), rng, bool(deterministic), *bufs)
-    return torch.ops.attncompiler.attention_fwd(q, k, v, bufs, kid, float(scale), float(dropout_p), rng,
-                                                bool(deterministic))
+    op = torch.ops.attncompiler.attention_fwd if rng is None else torch.ops.attncompiler.attention_fwd_dropout
+    return op(q, k, v, bufs, kid, float(scale), float(dropout_p), rng, bool(deterministic))

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
+from .autograd import CUDAGRAPH_UNSAFE
 from .ir.types import AttentionIR
 from .reference import eager_attention, reference_attention
 from .runtime.launch import InputError
@@ -141,7 +142,10 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                                   seed=seed, offset=offset)
 
 
-_varlen_fwd = torch.library.custom_op("attncompiler::attention_varlen_fwd", mutates_args=())(_varlen_fwd_impl)
+# Tagged cudagraph_unsafe: each call reads cu_seqlens on the host (checks, grid, tile tables), which a CUDA graph
+# cannot replay, so torch.compile(mode="reduce-overhead") runs a graph holding these ops without one.
+_varlen_fwd = torch.library.custom_op("attncompiler::attention_varlen_fwd", mutates_args=(),
+                                      tags=CUDAGRAPH_UNSAFE)(_varlen_fwd_impl)
 
 
 @_varlen_fwd.register_fake
@@ -193,7 +197,8 @@ def _varlen_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                                options=getattr(kern, "backward_options", None), poison=autograd.POISON_GRADS)
 
 
-_varlen_bwd = torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=())(_varlen_bwd_impl)
+_varlen_bwd = torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=(),
+                                      tags=CUDAGRAPH_UNSAFE)(_varlen_bwd_impl)
 
 
 @_varlen_bwd.register_fake

@@ -184,6 +184,27 @@ def test_custom_ops_pass_opcheck():
              False)
     torch.library.opcheck(torch.ops.attncompiler.attention_bwd.default, bargs,
                           test_utils=("test_schema", "test_faketensor"))
+    # without dropout the ops take no rng tensor (none becomes a CPU constant in a CUDA graph)
+    nargs = args[:7] + (None, False)
+    torch.library.opcheck(torch.ops.attncompiler.attention_fwd.default, nargs,
+                          test_utils=("test_schema", "test_faketensor"))
+    assert torch.equal(torch.ops.attncompiler.attention_fwd(*nargs)[0], out)
+    torch.library.opcheck(torch.ops.attncompiler.attention_bwd.default, bargs[:11] + (None, False),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_dropout_and_packed_ops_are_tagged_cudagraph_unsafe():
+    """torch.compile(mode="reduce-overhead") must not capture a call whose launch reads host values per call (a
+    dropout seed, cu_seqlens): those ops carry the tag inductor checks; the plain forward does not."""
+    from attncompiler import autograd as A
+    import attncompiler.varlen  # noqa: F401  (registers the packed ops)
+
+    if not A.CUDAGRAPH_UNSAFE:
+        pytest.skip("this torch has no cudagraph_unsafe tag")
+    tag = A.CUDAGRAPH_UNSAFE[0]
+    ops = torch.ops.attncompiler
+    assert tag in ops.attention_fwd_dropout.default.tags and tag not in ops.attention_fwd.default.tags
+    assert tag in ops.attention_varlen_fwd.default.tags and tag in ops.attention_varlen_bwd.default.tags
 
 
 def test_torch_compile_fullgraph_cpu_block():
