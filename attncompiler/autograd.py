@@ -79,6 +79,10 @@ def make_rng(seed: int | None, offset: int) -> Tensor:
     if seed is None:
         return torch.cat([torch.randint(0, 2**62, (1,), dtype=torch.int64),
                           torch.tensor([s64(offset)], dtype=torch.int64)])
+    if torch.compiler.is_compiling():  # made by ops: a traced torch.tensor([...]) is a constant, and a constant
+        # saved for the backward is a graph output outside the CUDA graph pool (inductor refuses such a graph)
+        return torch.cat([torch.full((1,), s64(seed), dtype=torch.int64),
+                          torch.full((1,), s64(offset), dtype=torch.int64)])
     return torch.tensor([s64(seed), s64(offset)], dtype=torch.int64)
 
 
