@@ -8,7 +8,7 @@ Three ops, registered when this module is imported (nothing runs on a GPU at imp
     module's registry (:func:`register_kernel`), so the op takes only tensors and simple scalars;
     ``rng`` is None without dropout, else an int64 CPU tensor [seed, offset] (two's complement for seeds
     >= 2^63).  With dropout the same implementation runs as ``attncompiler::attention_fwd_dropout``, which
-    carries torch's ``cudagraph_unsafe`` tag (below).
+    carries torch's ``cudagraph_unsafe`` tag (below), and so does the backward (``attention_bwd_dropout``).
 ``attncompiler::attention_bwd(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng,
 deterministic) -> (dq, dk, dv)``
     The v2 backward kernels (:mod:`attncompiler.runtime.backward`) -- also for a v1 forward, whose
@@ -25,8 +25,10 @@ CUDA graphs (``torch.compile(mode="reduce-overhead")``): a graph output must liv
 an rng tensor [seed, offset] made from a fixed seed is a CPU constant that the forward saves for the backward, so
 inductor refused the whole step ("storage data ptrs are not allocated in pool").  Without dropout there is no rng
 tensor, and inductor captures the forward and backward kernels.  With dropout the seed is read on the host when the
-kernel launches, so a graph would replay the first call's seed: the dropout forward op is tagged
-``cudagraph_unsafe``, and inductor runs that graph without CUDA graphs (it logs why).  On CPU tensors the ops run the float32 torch
+kernel launches, so a graph would replay the first call's seed: the dropout forward and backward ops are tagged
+``cudagraph_unsafe``, and inductor keeps them out of its CUDA graphs (it splits the graph around them, or runs it
+without one).  The runtime's own long-lived device tensors are made outside the graph's pool
+(:mod:`attncompiler.runtime.persistent`).  On CPU tensors the ops run the float32 torch
 reference (``reference_attention`` / ``torch_backward``) so that the integration is testable
 without a GPU.
 """
@@ -178,11 +180,16 @@ def _attention_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
 
 
 _attention_bwd = torch.library.custom_op("attncompiler::attention_bwd", mutates_args=())(_attention_bwd_impl)
+_attention_bwd_dropout = torch.library.custom_op("attncompiler::attention_bwd_dropout", mutates_args=(),
+                                                 tags=CUDAGRAPH_UNSAFE)(_attention_bwd_impl)
 
 
-@_attention_bwd.register_fake
-def _(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng, deterministic):
+def _bwd_fake(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng, deterministic):
     return _out_like(q, q.shape[-1]), _out_like(k, k.shape[-1]), _out_like(v, v.shape[-1])
+
+
+_attention_bwd.register_fake(_bwd_fake)
+_attention_bwd_dropout.register_fake(_bwd_fake)
 
 
 @torch.library.custom_op("attncompiler::attention_bwd_buffers", mutates_args=())
@@ -221,7 +228,11 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
     q, k, v, out, lse, rng, *buffers = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    bwd = _attention_bwd_impl if getattr(ctx, "eager", False) else torch.ops.attncompiler.attention_bwd
+    if getattr(ctx, "eager", False):
+        bwd = _attention_bwd_impl
+    else:  # (the dropout op is tagged cudagraph_unsafe: its seed is read on the host)
+        ops = torch.ops.attncompiler
+        bwd = ops.attention_bwd if rng is None else ops.attention_bwd_dropout
     dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, buffers, ctx.kernel_id, ctx.scale, ctx.dropout_p, rng,
                      ctx.deterministic)
     gb: list = [None] * len(buffers)

@@ -204,6 +204,7 @@ def test_dropout_and_packed_ops_are_tagged_cudagraph_unsafe():
     tag = A.CUDAGRAPH_UNSAFE[0]
     ops = torch.ops.attncompiler
     assert tag in ops.attention_fwd_dropout.default.tags and tag not in ops.attention_fwd.default.tags
+    assert tag in ops.attention_bwd_dropout.default.tags and tag not in ops.attention_bwd.default.tags
     assert tag in ops.attention_varlen_fwd.default.tags and tag in ops.attention_varlen_bwd.default.tags
 
 

@@ -127,6 +127,10 @@ def _cached(tag: str, t: torch.Tensor, extra: Any, make: Callable[[], torch.Tens
             _cache.move_to_end(key)
             return hit[1]
     value = make()
+    if value.is_cuda:  # kept across calls: outside a CUDA graph's pool (runtime/persistent.py)
+        from .persistent import persistent_copy
+
+        value = persistent_copy(value)
     with _lock:
         _cache[key] = (t, value)  # t held: its address cannot be reused while the key lives
         while len(_cache) > CACHE_SIZE:

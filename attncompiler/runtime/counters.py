@@ -48,7 +48,9 @@ _per_stream: dict[tuple[int, int], tuple[int, int]] = {}  # (device index, strea
 def _new_arena(device: Any) -> _Arena:
     import torch
 
-    t = torch.zeros(ARENA_INTS, dtype=torch.int32, device=device)
+    from .persistent import persistent_zeros
+
+    t = persistent_zeros(ARENA_INTS, torch.int32, device)  # (outside a CUDA graph's pool: runtime/persistent.py)
     # zeroed on this stream; other streams may take slices next: wait once for the memset
     torch.cuda.current_stream(device).synchronize()
     arena = _Arena(t)

@@ -156,7 +156,9 @@ def tile_list(kv_range: Any, Nq: int, Nk: int, B: int, H: int, block_m: int, blo
     if capturing:
         return None
     ints = build_list(tile_costs(kv_range, Nq, Nk, B, H, block_m, block_n, by_head), ctas, DEAL)
-    t = torch.tensor(ints, dtype=torch.int32, device=device)
+    from .persistent import persistent_copy
+
+    t = persistent_copy(torch.tensor(ints, dtype=torch.int32), device)  # (outside a CUDA graph's pool)
     with _lock:
         _cache[key] = (kv_range, t)  # the range is held, so its id is not reused while the entry lives
         while len(_cache) > _CACHE_MAX:
