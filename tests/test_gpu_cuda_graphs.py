@@ -2,7 +2,9 @@
 attncompiler kernels inside. Without dropout the forward and backward kernels are captured and replayed; with dropout
 (a seed read on the host) or packed sequences (cu_seqlens read on the host) inductor keeps those ops out of its graphs
 (they carry the ``cudagraph_unsafe`` tag: the graph is split around them, or skipped). Either way every step on new
-inputs matches the eager step."""
+inputs matches the eager step. Captured buffers must be on the GPU there: a CPU one (ALiBi's slopes made on the CPU) is
+saved for the backward as a CPU tensor, and inductor refuses to graph such a step ("Expected all cuda outputs in cuda
+graph recording"; measured on an H200, 2026-11-30)."""
 from __future__ import annotations
 
 import pytest
@@ -43,7 +45,6 @@ def _attend(name: str):
     spec = {"causal": presets.causal(D), "deterministic": presets.causal(D),
             "window": presets.sliding_window(100, D),
             "alibi": presets.alibi(presets.alibi_slopes(H).cuda(), D, causal=True),
-            "alibi_cpu": presets.alibi(presets.alibi_slopes(H), D, causal=True),  # a copy made before the capture
             "dropout": ac.AttentionSpec(head_dim=D, causal=True, dropout_p=0.1, name="dropout")}[name]
     kern = ac.compile(spec)
     if name == "dropout":
@@ -61,8 +62,7 @@ def _step(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 
 @needs_cuda
 @pytest.mark.parametrize("name,graphed", [("causal", True), ("deterministic", True), ("window", True),
-                                          ("alibi", True), ("alibi_cpu", True), ("dropout", False),
-                                          ("packed", False)])
+                                          ("alibi", True), ("dropout", False), ("packed", False)])
 def test_gpu_reduce_overhead_step_matches_eager(name: str, graphed: bool) -> None:
     from torch._dynamo.utils import counters
 

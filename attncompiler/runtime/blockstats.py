@@ -24,8 +24,8 @@ cached the same way, so repeated calls with the same buffer launch nothing extra
 CPU (a buffer captured there, ALiBi's slopes say) is also keyed by a hash of the contents, so that
 edits through ``.data`` are seen there, and it no longer waits for the stream at every call.  Not cached (recomputed on
 each call): inference-mode tensors (no version counter) and calls during CUDA-graph capture (the
-captured graph must recompute the table from the buffer on replay), except a CPU buffer's device copy, which a graph
-cannot make (:func:`_captured_copy`).  Writes that bypass the
+captured graph must recompute the table from the buffer on replay).  Cached values live outside torch's allocator
+(:mod:`.persistent`: a CUDA graph's pool must hold no tensor that outlives the graph's call).  Writes that bypass the
 version counter (``.data``, DLPack, raw pointers) are not seen: call :func:`clear_cache` after them.
 """
 from __future__ import annotations
@@ -50,8 +50,6 @@ CACHE_SIZE = 32
 
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]]" = OrderedDict()
-#: device copies a captured CUDA graph reads (never evicted: the graph holds their addresses)
-_pinned: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 @functools.lru_cache(maxsize=512)
@@ -103,16 +101,11 @@ def range_table(t: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.stack(levels, dim=-3).contiguous()
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
-
-
-def _key(tag: str, t: torch.Tensor, extra: Any, *, in_capture: bool = False) -> tuple | None:
-    """The cache key of ``t``'s current contents, or None where caching is unsafe (``in_capture``: the key even
-    inside CUDA graph capture, for a caller that pins what it finds)."""
+def _key(tag: str, t: torch.Tensor, extra: Any) -> tuple | None:
+    """The cache key of ``t``'s current contents, or None where caching is unsafe."""
     if t.is_inference():
         return None
-    if not in_capture and _capturing():
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
         return None  # a graph must compute from the buffer on replay, and own what it reads
     return (tag, t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), extra)
 
@@ -148,28 +141,7 @@ def device_copy(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> to
     if t.device.type == "cpu":  # keyed by the contents too: an edit through .data leaves the version alone
         raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         extra = (extra, hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest())
-        if _capturing():
-            return _captured_copy(str(dtype), t, extra)
     return _cached(str(dtype), t, extra, lambda: t.detach().to(device=device, dtype=dtype).contiguous())
-
-
-def _captured_copy(tag: str, t: torch.Tensor, extra: Any) -> torch.Tensor:
-    """Inside CUDA graph capture, the device copy of a CPU buffer: a graph cannot copy from pageable host memory, so
-    it reads the copy an earlier call made of these exact contents (``torch.compile(mode="reduce-overhead")`` runs
-    the step once before it captures), kept alive for as long as the process (the graph holds its address). The
-    graph then replays those values: an edit of the CPU buffer after the capture is not seen, as with any CPU data
-    a CUDA graph captured."""
-    key = _key(tag, t, extra, in_capture=True)
-    with _lock:
-        hit = _cache.get(key) if key is not None else None
-        if hit is not None:
-            _pinned[key] = hit
-            return hit[1]
-    from .launch import InputError
-
-    raise InputError(f"captured buffer on the CPU (shape {tuple(t.shape)}): expected it on the GPU, or a call "
-                     f"outside CUDA graph capture first (its device copy is then reused), got a capture that would "
-                     f"copy from pageable host memory")
 
 
 def device_int32(t: torch.Tensor, device: torch.device) -> torch.Tensor:
