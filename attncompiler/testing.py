@@ -14,8 +14,8 @@ import torch
 
 from .reference import eager_attention, error_ratio_check, reference_attention
 
-__all__ = ["CheckResult", "GradCheckResult", "LSE_ULPS", "check_kernel", "check_kernel_grads", "lse_check",
-           "random_qkv"]
+__all__ = ["CheckResult", "GradCheckResult", "LSE_ULPS", "TransformerBlock", "check_kernel", "check_kernel_grads",
+           "lse_check", "random_qkv"]
 
 
 @dataclass(frozen=True)
@@ -269,3 +269,23 @@ def run_example(spec, *, B: int = 2, H: int = 4, seqlens: tuple[int, ...] = (113
             failures += not res.ok
             say(f"{spec.name} {name}: {res} -> {'OK' if res.ok else 'FAIL'}")
     return 1 if failures else 0
+
+
+class TransformerBlock(torch.nn.Module):
+    """A small pre-norm transformer block whose attention is ``attend(q, k, v)`` on (B, H, N, d) views of (B, N, H,
+    d) storage (heads inner): what the torch.compile tests and ``benchmarks/reduce_overhead.py`` train."""
+
+    def __init__(self, dim: int, heads: int, attend) -> None:
+        super().__init__()
+        self.heads, self.attend = heads, attend
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(self.norm1(x)).view(B, N, 3, self.heads, C // self.heads)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        a = self.attend(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, N, C))
+        return x + self.mlp(self.norm2(x))

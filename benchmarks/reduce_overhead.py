@@ -18,25 +18,6 @@ from typing import Any, Callable
 import torch
 
 
-class Block(torch.nn.Module):
-    """A pre-norm transformer block whose attention is ``attend(q, k, v)`` on (B, H, N, d) views."""
-
-    def __init__(self, dim: int, heads: int, attend: Callable[..., torch.Tensor]) -> None:
-        super().__init__()
-        self.heads, self.attend = heads, attend
-        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
-        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        qkv = self.qkv(self.norm1(x)).view(B, N, 3, self.heads, C // self.heads)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
-        a = self.attend(q, k, v)
-        x = x + self.proj(a.transpose(1, 2).reshape(B, N, C))
-        return x + self.mlp(self.norm2(x))
-
-
 def variants(heads: int, d: int) -> dict[str, Callable[..., torch.Tensor]]:
     import attncompiler as ac
     from attncompiler.spec import presets
@@ -91,6 +72,8 @@ def median_ms(fn: Callable[[], Any], steps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     from torch._dynamo.utils import counters
 
+    from attncompiler.testing import TransformerBlock
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--shape", default="2,256,256")
@@ -99,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     heads = 4
     for name, attend in variants(heads, C // heads).items():
         torch.manual_seed(0)
-        model = Block(C, heads, attend).cuda().to(torch.bfloat16)
+        model = TransformerBlock(C, heads, attend).cuda().to(torch.bfloat16)
         x = torch.randn(B, N, C, device="cuda", dtype=torch.bfloat16)
         eager = step_fn(model, x)
         row = [f"{name}:"]

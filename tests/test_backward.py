@@ -210,24 +210,16 @@ def test_dropout_and_packed_ops_are_tagged_cudagraph_unsafe():
 
 def test_torch_compile_fullgraph_cpu_block():
     from attncompiler.autograd import attention_op, make_rng
+    from attncompiler.testing import TransformerBlock
 
     kern = _cpu_kernel(ac.AttentionSpec(32, causal=True, dropout_p=0.1))
 
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.qkv = torch.nn.Linear(128, 384)
-            self.proj = torch.nn.Linear(128, 128)
-
-        def forward(self, x):
-            Bx, N, C = x.shape
-            q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(Bx, N, 3, 4, 32).unbind(2))
-            a, _ = attention_op(kern, q, k, v, scale=kern.ir.scale, dropout_p=0.1, rng=make_rng(3, 0),
-                                buffers=kern._buffers)
-            return x + self.proj(a.transpose(1, 2).reshape(Bx, N, C))
+    def attend(q, k, v):
+        return attention_op(kern, q, k, v, scale=kern.ir.scale, dropout_p=0.1, rng=make_rng(3, 0),
+                            buffers=kern._buffers)[0]
 
     torch.manual_seed(0)
-    blk = Block().to(torch.bfloat16)
+    blk = TransformerBlock(128, 4, attend).to(torch.bfloat16)
     x = torch.randn(2, 40, 128, dtype=torch.bfloat16, requires_grad=True)
     ye = blk(x)
     ye.float().square().sum().backward()

@@ -15,7 +15,7 @@ import torch
 
 import attncompiler as ac
 from attncompiler.spec import presets
-from attncompiler.testing import check_kernel_grads, random_qkv
+from attncompiler.testing import TransformerBlock, check_kernel_grads, random_qkv
 
 pytestmark = pytest.mark.gpu
 
@@ -175,35 +175,17 @@ def test_functional_api_grads():
     assert q.grad is not None and not torch.isnan(q.grad).any()
 
 
-class _Block(torch.nn.Module):
-    """A small pre-norm transformer block whose attention is an attncompiler kernel."""
-
-    def __init__(self, dim: int, heads: int, kern) -> None:
-        super().__init__()
-        self.heads, self.kern = heads, kern
-        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
-        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        Bx, N, C = x.shape
-        qkv = self.qkv(self.norm1(x)).view(Bx, N, 3, self.heads, C // self.heads)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, N, d) views of (B, N, H, d)
-        a = self.kern(q, k, v, seed=11)
-        x = x + self.proj(a.transpose(1, 2).reshape(Bx, N, C))
-        return x + self.mlp(self.norm2(x))
-
-
 @pytest.mark.parametrize("functional", [False, True])
 def test_torch_compile_fullgraph_block(functional):
     torch.manual_seed(0)
     kern = ac.compile(ac.AttentionSpec(head_dim=64, causal=True, dropout_p=0.1))
     if functional:
-        def kfn(q, k, v, seed):
-            return ac.attention(q, k, v, causal=True, dropout_p=0.1, seed=seed)
-        blk = _Block(256, 4, kfn)
+        def attend(q, k, v):
+            return ac.attention(q, k, v, causal=True, dropout_p=0.1, seed=11)
     else:
-        blk = _Block(256, 4, kern)
+        def attend(q, k, v):
+            return kern(q, k, v, seed=11)
+    blk = TransformerBlock(256, 4, attend)
     blk = blk.cuda().to(torch.bfloat16)
     x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
     comp = torch.compile(blk, fullgraph=True)

@@ -12,24 +12,12 @@ import torch
 
 import attncompiler as ac
 from attncompiler.spec import presets
+from attncompiler.testing import TransformerBlock
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 H, D = 4, 64
-
-
-class _Block(torch.nn.Module):
-    def __init__(self, attend) -> None:
-        super().__init__()
-        self.attend = attend
-        self.norm = torch.nn.LayerNorm(H * D)
-        self.qkv, self.proj = torch.nn.Linear(H * D, 3 * H * D), torch.nn.Linear(H * D, H * D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
-        q, k, v = (t.transpose(1, 2) for t in self.qkv(self.norm(x)).view(B, N, 3, H, D).unbind(2))
-        return x + self.proj(self.attend(q, k, v).transpose(1, 2).reshape(B, N, C))
 
 
 def _attend(name: str):
@@ -67,7 +55,7 @@ def test_gpu_reduce_overhead_step_matches_eager(name: str, graphed: bool) -> Non
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    model = _Block(_attend(name)).cuda().to(torch.bfloat16)
+    model = TransformerBlock(H * D, H, _attend(name)).cuda().to(torch.bfloat16)
     x = torch.randn(2, 300, H * D, device="cuda", dtype=torch.bfloat16)  # 300: no multiple of any block
     counters.clear()
     torch._dynamo.reset()
