@@ -20,6 +20,7 @@ from .runtime import fastpath as _fastpath
 from .runtime import spills as _spills
 from .runtime.compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
 from .runtime.launch import InputError, check_inputs, check_out, device_index, pack_params, prepare_buffers
+from .runtime.rng import device_rng, device_rng_variant
 from .spec.spec import AttentionSpec
 
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
@@ -91,6 +92,14 @@ class CompiledAttention:
                 self._loaded[idx] = k
             return k
 
+    def _build_variant(self, ks: KernelSource, device: torch.device) -> LoadedKernel:
+        """Compile (or fetch) and load a variant of this kernel's source (:func:`device_rng_variant`); the device
+        check is :meth:`build`'s."""
+        self.build(device)
+        k = compile_kernel(ks.source, ks.arch, device_index(device), ks.entry)
+        allow_dynamic_smem(k.ptr, ks.smem_bytes, device_index(device))
+        return k
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -156,7 +165,10 @@ class CompiledAttention:
         self._check_dropout(p_drop)
         sc = self.ir.scale if scale is None else float(scale)
         det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
-        rng = _autograd.make_rng(seed, offset) if p_drop > 0 else None  # (None: no rng tensor in a CUDA graph)
+        rng = None  # (None: no rng tensor in a CUDA graph)
+        if p_drop > 0:  # learnable buffers' gradients are torch's, from the seed on the host: a CPU pair for those
+            learnable = any(t.requires_grad and t.is_floating_point() for t in values.values())
+            rng = _autograd.make_rng(seed, offset, None if learnable else q.device)
         o, lse = _autograd.attention_op(self, q, k, v, scale=sc, dropout_p=p_drop, rng=rng, buffers=values,
                                         deterministic=det)
         return (o, lse) if return_lse else o
@@ -230,21 +242,24 @@ class CompiledAttention:
         dims: Any = None,
         record: bool = False,
         record_in: tuple[dict, tuple] | None = None,
+        rng_state: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward launch (no autograd): validates, allocates and runs the kernel.  ``dims``: the
         inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them;
         ``record`` (``buffers`` are the kernel's own captured tensors): a call whose signature launched before takes
         the launch recorded then, and a launch that needs nothing per call but pointers is recorded
         (runtime/fastpath.py); ``record_in``: (recipes, key) of the kernel that handed this call to its sibling
-        (decode, or v2 for layouts TMA cannot describe), where the sibling's launch is recorded."""
+        (decode, or v2 for layouts TMA cannot describe), where the sibling's launch is recorded.  ``rng_state``:
+        dropout's [seed, offset] on the device, read by the kernel in place of ``seed`` and ``offset``
+        (:mod:`attncompiler.runtime.rng`); a random-seed dropout call captured in a CUDA graph makes one."""
         recipe_key = None
-        if record and dims is None:
+        if record and dims is None and rng_state is None:  # (recordings hold the kernels with a by-value seed)
             recipe_key = _fastpath.signature(q, k, v, return_lse, scale, dropout_p, out)
             recipe = self._recipes.get(recipe_key) if recipe_key is not None else None
             done = _fastpath.run(recipe, q, k, v, seed, offset, self._buffers, out) if recipe is not None else None
             if done is not None:
                 o, lse, self.last_seed = done
-                self.last_offset = offset
+                self.last_offset, self.last_rng_state = offset, None
                 return (o, lse) if return_lse else o
         if record_in is None and recipe_key is not None:
             record_in = (self._recipes, recipe_key)
@@ -256,14 +271,20 @@ class CompiledAttention:
             if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
                                           seed=seed, offset=offset, buffers=buffers, out=out, dims=dims,
-                                          record_in=record_in)  # the sibling compiles this spec: the same checks
+                                          record_in=record_in, rng_state=rng_state)  # (the same checks)
                 if hasattr(dec, "last_seed"):
                     self.last_seed, self.last_offset = dec.last_seed, dec.last_offset
+                    self.last_rng_state = dec.last_rng_state
                 return res
         p_drop = self.ir.dropout_p if dropout_p is None else float(dropout_p)
         self._check_dropout(p_drop)
         sc = self.ir.scale if scale is None else float(scale)
-        if seed is None:
+        if p_drop > 0 and seed is None and rng_state is None and torch.cuda.is_current_stream_capturing():
+            rng_state = device_rng(None, offset, q.device)  # a host seed would be the same on every replay
+        ks = self.kernel_source
+        if rng_state is not None:
+            seed, ks, record_in = None, device_rng_variant(ks), None  # (kernels that read the pair; not recorded)
+        elif seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
         # Output in q's memory layout (B,H,N,d or B,N,H,d).
         if out is not None:
@@ -281,27 +302,27 @@ class CompiledAttention:
                 lse.fill_(float("-inf"))
             return (o, lse) if return_lse else o
         sched = get_schedule(self.schedule)
-        loaded = self.build(q.device)
+        loaded = self.build(q.device) if ks is self.kernel_source else self._build_variant(ks, q.device)
         bufs = prepare_buffers(self.ir, buffers, q.device)
         ws_n = sched.workspace_floats(self.kernel_source, dims)
         ws = torch.empty(ws_n, device=q.device, dtype=torch.float32) if ws_n else None
-        P, Bf = pack_params(q, k, v, o, lse, ws, dims, scale=sc, dropout_p=p_drop, seed=seed, offset=offset,
-                            ir=self.ir, buffers=bufs)
+        P, Bf = pack_params(q, k, v, o, lse, ws, dims, scale=sc, dropout_p=p_drop, seed=seed or 0, offset=offset,
+                            ir=self.ir, buffers=bufs, rng_state=rng_state)
         # per-call inputs a schedule derives from q, k, v (the score skip's bound); alive until the launch is queued
         prepare = getattr(sched, "prepare_forward", None)
         extra = prepare(self.kernel_source, dims, P, q, k, v) if prepare is not None else None
         with torch.cuda.device(q.device):
             if hasattr(sched, "forward_launch"):  # more arguments than (params, buffers), or several kernels
-                fl = sched.forward_launch(self.kernel_source, dims, Bf, q.device)
+                fl = sched.forward_launch(ks, dims, Bf, q.device)
             else:
-                fl = _fastpath.FastLaunch(loaded.ptr, sched.grid(self.kernel_source, dims), self.kernel_source.threads,
-                                          self.kernel_source.smem_bytes, lambda P, Bf=Bf: (P, Bf), keep=(loaded, Bf))
+                fl = _fastpath.FastLaunch(loaded.ptr, sched.grid(ks, dims), ks.threads, ks.smem_bytes,
+                                          lambda P, Bf=Bf: (P, Bf), keep=(loaded, Bf))
             fl.launch(P, device_index(q.device))
         if record_in is not None and extra is None:
             _fastpath.remember(record_in[0], record_in[1], _fastpath.recipe(fl, P, q, o, lse, p_drop, ws_n, buffers,
                                                                           keep=(bufs,)))
         del extra
-        self.last_seed, self.last_offset = seed, offset
+        self.last_seed, self.last_offset, self.last_rng_state = seed, offset, rng_state
         return (o, lse) if return_lse else o
 
     def _decode_kernel(self, dims: Any, k: torch.Tensor | None = None,

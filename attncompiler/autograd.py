@@ -6,9 +6,10 @@ Three ops, registered when this module is imported (nothing runs on a GPU at imp
 -> (out, lse)``
     The compiled forward (any schedule).  ``kernel_id`` names a :class:`CompiledAttention` in this
     module's registry (:func:`register_kernel`), so the op takes only tensors and simple scalars;
-    ``rng`` is None without dropout, else an int64 CPU tensor [seed, offset] (two's complement for seeds
-    >= 2^63).  With dropout the same implementation runs as ``attncompiler::attention_fwd_dropout``, which
-    carries torch's ``cudagraph_unsafe`` tag (below), and so does the backward (``attention_bwd_dropout``).
+    ``rng`` is None without dropout, else an int64 tensor [seed, offset] (two's complement for seeds >= 2^63):
+    on the CPU, read on the host, or on q's device, read by the kernels (below).  With a CPU pair the same
+    implementation runs as ``attncompiler::attention_fwd_dropout``, which carries torch's ``cudagraph_unsafe`` tag
+    (below), and so does the backward (``attention_bwd_dropout``).
 ``attncompiler::attention_bwd(dout, q, k, v, out, lse, dlse, buffers, kernel_id, scale, dropout_p, rng,
 deterministic) -> (dq, dk, dv)``
     The v2 backward kernels (:mod:`attncompiler.runtime.backward`) -- also for a v1 forward, whose
@@ -24,10 +25,12 @@ the same Philox stream (no mask is stored).
 CUDA graphs (``torch.compile(mode="reduce-overhead")``): a graph output must live in the graph's memory pool, and
 an rng tensor [seed, offset] made from a fixed seed is a CPU constant that the forward saves for the backward, so
 inductor refused the whole step ("storage data ptrs are not allocated in pool").  Without dropout there is no rng
-tensor, and inductor captures the forward and backward kernels.  With dropout the seed is read on the host when the
-kernel launches, so a graph would replay the first call's seed: the dropout forward and backward ops are tagged
-``cudagraph_unsafe``, and inductor keeps them out of its CUDA graphs (it splits the graph around them, or runs it
-without one).  The runtime's own long-lived device tensors are made outside the graph's pool
+tensor.  With dropout, on a CUDA device under ``torch.compile`` (or a ``torch.cuda.graph`` capture), the pair is
+made on the device by ops and the kernels read it there (:mod:`attncompiler.runtime.rng`): a graph replays the
+random draw with it, so each replay drops a fresh mask, and inductor captures the dropout forward and backward too.
+A CPU pair (eager calls; learnable buffers, whose gradients torch computes from the seed on the host) runs as
+``attention_fwd_dropout`` / ``attention_bwd_dropout``, tagged ``cudagraph_unsafe``: inductor keeps those out of its
+CUDA graphs.  The runtime's own long-lived device tensors are made outside the graph's pool
 (:mod:`attncompiler.runtime.persistent`).  On CPU tensors the ops run the float32 torch
 reference (``reference_attention`` / ``torch_backward``) so that the integration is testable
 without a GPU.
@@ -41,6 +44,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from .runtime.rng import device_rng, rng_parts, signed64, wants_device_rng
 
 __all__ = ["register_kernel", "get_kernel", "attention_op", "make_rng", "POISON_GRADS", "CUDAGRAPH_UNSAFE"]
 
@@ -73,26 +78,34 @@ def get_kernel(kernel_id: int) -> Any:
         raise KeyError(f"attncompiler kernel id {kernel_id} is not registered in this process") from None
 
 
-def make_rng(seed: int | None, offset: int) -> Tensor:
-    """The op's rng tensor for a dropout call: int64 [seed, offset] on the CPU (a fresh random seed when None)."""
-    def s64(x: int) -> int:
-        x &= 2**64 - 1
-        return x - 2**64 if x >= 2**63 else x
+def make_rng(seed: int | None, offset: int, device: Optional[torch.device] = None) -> Tensor:
+    """The op's rng tensor for a dropout call: int64 [seed, offset] (a fresh random seed when None).  On the CPU, and
+    read on the host at launch, except for a CUDA ``device`` under ``torch.compile`` or CUDA graph capture: there
+    the pair is made on the device by ops and the kernels read it in place, so that a graph's replays drop fresh
+    masks (:mod:`attncompiler.runtime.rng`)."""
+    if wants_device_rng(device):
+        return device_rng(seed, offset, device)
     if seed is None:
         return torch.cat([torch.randint(0, 2**62, (1,), dtype=torch.int64),
-                          torch.tensor([s64(offset)], dtype=torch.int64)])
+                          torch.tensor([signed64(offset)], dtype=torch.int64)])
     if torch.compiler.is_compiling():  # made by ops: a traced torch.tensor([...]) is a constant, and a constant
         # saved for the backward is a graph output outside the CUDA graph pool (inductor refuses such a graph)
-        return torch.cat([torch.full((1,), s64(seed), dtype=torch.int64),
-                          torch.full((1,), s64(offset), dtype=torch.int64)])
-    return torch.tensor([s64(seed), s64(offset)], dtype=torch.int64)
+        return torch.cat([torch.full((1,), signed64(seed), dtype=torch.int64),
+                          torch.full((1,), signed64(offset), dtype=torch.int64)])
+    return torch.tensor([signed64(seed), signed64(offset)], dtype=torch.int64)
 
 
 def _rng_values(rng: Optional[Tensor]) -> tuple[int, int]:
+    """Host values of the pair (read back from the GPU for the torch-computed buffer gradients)."""
     if rng is None:  # no dropout
         return 0, 0
     seed, offset = (int(x) for x in rng.tolist())
     return seed & (2**64 - 1), offset & (2**64 - 1)
+
+
+def uses_graph_safe_rng(rng: Optional[Tensor]) -> bool:
+    """No dropout, or dropout whose pair the kernels read on the device: the op may be captured in a CUDA graph."""
+    return rng is None or rng.device.type == "cuda"
 
 
 def _buffer_map(kern: Any, buffers: Sequence[Tensor]) -> dict[str, Tensor]:
@@ -121,7 +134,7 @@ def _out_like(q: Tensor, dv: int) -> Tensor:
 def _attention_fwd_impl(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], kernel_id: int, scale: float,
                         dropout_p: float, rng: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
     kern = get_kernel(kernel_id)
-    seed, offset = _rng_values(rng)
+    seed, offset, rng_state = rng_parts(rng)
     bufs = _buffer_map(kern, buffers)
     if q.device.type == "cpu":
         from .reference import reference_attention
@@ -134,7 +147,7 @@ def _attention_fwd_impl(q: Tensor, k: Tensor, v: Tensor, buffers: list[Tensor], 
     own = _own_buffers(kern, bufs)
     with torch.no_grad():
         return kern._launch_forward(q, k, v, return_lse=True, scale=scale, dropout_p=dropout_p, seed=seed,
-                                    offset=offset, buffers=bufs, out=None, record=own)
+                                    offset=offset, buffers=bufs, out=None, record=own, rng_state=rng_state)
 
 
 #: torch's tag for ops a CUDA graph must not capture (inductor then runs the graph without one)
@@ -159,7 +172,7 @@ def _attention_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         dlse: Optional[Tensor], buffers: list[Tensor], kernel_id: int, scale: float, dropout_p: float,
                         rng: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     kern = get_kernel(kernel_id)
-    seed, offset = _rng_values(rng)
+    seed, offset, rng_state = rng_parts(rng)
     bufs = _buffer_map(kern, buffers)
     if q.device.type == "cpu":
         from .backward_torch import torch_backward
@@ -174,7 +187,7 @@ def _attention_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
 
     own = _own_buffers(kern, bufs)
     return run_backward(kern.ir, kern.target, dout, q, k, v, out, lse, dlse, bufs, scale=scale, dropout_p=dropout_p,
-                        seed=seed, offset=offset, deterministic=deterministic,
+                        seed=seed, offset=offset, rng_state=rng_state, deterministic=deterministic,
                         options=getattr(kern, "backward_options", None), poison=POISON_GRADS,
                         recipes=kern._bwd_recipes if own else None)
 
@@ -232,7 +245,7 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
         bwd = _attention_bwd_impl
     else:  # (the dropout op is tagged cudagraph_unsafe: its seed is read on the host)
         ops = torch.ops.attncompiler
-        bwd = ops.attention_bwd if rng is None else ops.attention_bwd_dropout
+        bwd = ops.attention_bwd if uses_graph_safe_rng(rng) else ops.attention_bwd_dropout
     dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, buffers, ctx.kernel_id, ctx.scale, ctx.dropout_p, rng,
                      ctx.deterministic)
     gb: list = [None] * len(buffers)
@@ -291,5 +304,6 @@ def attention_op(kernel: Any, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     bufs = [buffers[b.name] for b in kernel.ir.buffers]
     if not torch.compiler.is_compiling() and all(plain_tensor(t) for t in (q, k, v, *bufs)):
         return _EagerAttention.apply(q, k, v, kid, float(scale), float(dropout_p), rng, bool(deterministic), *bufs)
-    op = torch.ops.attncompiler.attention_fwd if rng is None else torch.ops.attncompiler.attention_fwd_dropout
+    ops = torch.ops.attncompiler
+    op = ops.attention_fwd if uses_graph_safe_rng(rng) else ops.attention_fwd_dropout
     return op(q, k, v, bufs, kid, float(scale), float(dropout_p), rng, bool(deterministic))

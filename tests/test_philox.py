@@ -164,8 +164,14 @@ def test_keep_rate_within_4_sigma(p):
 # ---------------------------------------------------------------------------------- philox.cuh
 
 
-def _harness_source(counters: list[tuple[int, ...]]) -> str:
+def _harness_source(counters: list[tuple[int, ...]], device_pair: bool = False) -> str:
+    """The host harness; ``device_pair``: built with AC_DROPOUT_RNG_ON_DEVICE, the key and offset in ``rng_state``
+    (the by-value fields hold other values, which must not be read)."""
+    setup = ("    p.H = g.H; p.seed = g.seed; p.offset = g.offset; p.dropout_threshold = g.thr;" if not device_pair else
+             "    const unsigned long long state[2] = {g.seed, g.offset};\n"
+             "    p.H = g.H; p.seed = ~g.seed; p.offset = g.offset + 7; p.rng_state = state; p.dropout_threshold = g.thr;")
     lines = [
+        "#define AC_DROPOUT_RNG_ON_DEVICE 1" if device_pair else "",
         "#define __device__",
         "#define __host__",
         "#define __forceinline__ inline",
@@ -190,7 +196,7 @@ def _harness_source(counters: list[tuple[int, ...]]) -> str:
         "  }",
         "  for (const auto& g : kGrid) {",
         "    AttnParams p = {};",
-        "    p.H = g.H; p.seed = g.seed; p.offset = g.offset; p.dropout_threshold = g.thr;",
+        setup,
         "    for (int b = 0; b < g.B; ++b) for (int h = 0; h < g.H; ++h) for (int q = 0; q < g.Nq; ++q) {",
         '      std::printf("K ");',
         '      for (int k = 0; k < g.Nk; ++k) std::printf("%d", ac_dropout_keep(p, b, h, q, k) ? 1 : 0);',
@@ -203,15 +209,15 @@ def _harness_source(counters: list[tuple[int, ...]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(scope="module")
-def host_harness_output(tmp_path_factory) -> tuple[list[tuple[int, ...]], list[str]]:
+@pytest.fixture(scope="module", params=[False, True], ids=["by_value", "device_pair"])
+def host_harness_output(request, tmp_path_factory) -> tuple[list[tuple[int, ...]], list[str]]:
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found")
     counters = _counter_grid()
     d = tmp_path_factory.mktemp("philox_host")
     src, exe = d / "harness.cpp", d / "harness"
-    src.write_text(_harness_source(counters))
+    src.write_text(_harness_source(counters, device_pair=request.param))
     cmd = [gxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE}", str(src), "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -263,12 +269,14 @@ def _nvcc() -> str | None:
     return None
 
 
-def test_cuh_compiles_for_device(tmp_path):
+@pytest.mark.parametrize("device_pair", [False, True], ids=["by_value", "device_pair"])
+def test_cuh_compiles_for_device(tmp_path, device_pair):
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
     src = tmp_path / "keep.cu"
     src.write_text("\n".join([
+        "#define AC_DROPOUT_RNG_ON_DEVICE 1" if device_pair else "",
         c_struct("AttnParams", PARAM_FIELDS),
         '#include "attncompiler/common.cuh"',
         '#include "attncompiler/philox.cuh"',

@@ -27,6 +27,7 @@ from . import bwd_fastpath
 from .bwd_fastpath import like_layout as _like_layout
 from .launch import AttnInputs, InputError, check_inputs, device_index, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
+from .rng import device_rng_variant
 from .tma import tma_layout_error
 
 __all__ = ["bwd_source", "load_bwd", "bwd_params", "launch_bwd", "run_backward", "tma_checked_source",
@@ -185,15 +186,17 @@ def launch_bwd(src: BwdKernelSource | V3BwdKernelSource, fns: Mapping[str, Loade
 def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
                  buffers: Mapping[str, torch.Tensor], *, scale: float, dropout_p: float, seed: int, offset: int,
-                 deterministic: bool = False, options: Mapping[str, Any] | None = None,
+                 rng_state: torch.Tensor | None = None, deterministic: bool = False,
+                 options: Mapping[str, Any] | None = None,
                  poison: bool = False, recipes: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of the attention ``ir`` (the backward :func:`bwd_source` picks) on torch's current stream.
 
     ``poison`` fills every output with NaN before the kernels run (tests: nothing may be left
     unwritten).  ``recipes``: a table of recorded launches (:mod:`.bwd_fastpath`) for calls whose ``buffers`` are
-    the kernel's own; a repeated signature takes its recording."""
+    the kernel's own; a repeated signature takes its recording.  ``rng_state``: dropout's [seed, offset] on the
+    device, which the kernels read in place of ``seed`` and ``offset`` (:mod:`.rng`)."""
     key = None
-    if recipes is not None and not poison:
+    if recipes is not None and not poison and rng_state is None:  # (recordings hold the by-value seed's kernels)
         key = bwd_fastpath.signature(dout, q, k, v, out, lse, dlse, scale, dropout_p, deterministic, options)
         hit = recipes.get(key) if key is not None else None
         done = bwd_fastpath.run(hit, dout, q, k, v, out, lse, dlse, seed, offset, buffers) if hit else None
@@ -221,6 +224,8 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     src = bwd_source(ir, target, deterministic=deterministic, options=options)
     src = tma_checked_source(src, ir, target, (("q", q), ("k", k), ("v", v), ("dout", dout)),
                              deterministic=deterministic, options=options)
+    if rng_state is not None:
+        src = device_rng_variant(src)
     plan = src.plan
     dev_idx = device_index(q.device)
     fns = load_bwd(src, dev_idx)
@@ -242,7 +247,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
         ws.fill_(fill)
     bufs = prepare_buffers(ir, buffers, q.device)
     P, Bf = pack_params(q, k, v, out, lse, None, dims, scale=scale, dropout_p=dropout_p, seed=seed, offset=offset,
-                        ir=ir, buffers=bufs)
+                        ir=ir, buffers=bufs, rng_state=rng_state)
     sem, sem_owner = turn_counters(src, dims, q.device)
     bp = bwd_params(dout, dq, dk, dv, dq_accum, dlse, ws, nq_pad, sem)
     maps = src.maps(P, bp, dims)

@@ -179,8 +179,10 @@ def pack_params(
     offset: int,
     ir: AttentionIR,
     buffers: list[torch.Tensor],
+    rng_state: torch.Tensor | None = None,
 ) -> tuple[ctypes.Structure, ctypes.Structure]:
-    """The two by-value kernel arguments."""
+    """The two by-value kernel arguments.  ``rng_state``: dropout's int64 [seed, offset] on the device, which the
+    kernels read in place of ``seed`` and ``offset`` (runtime/rng.py)."""
     P = _params_type()()
     P.q, P.k, P.v, P.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
     P.lse = lse.data_ptr() if lse is not None else None
@@ -194,6 +196,7 @@ def pack_params(
     P.dropout_rescale = 1.0 / (1.0 - dropout_p)
     P.seed = seed & (2**64 - 1)
     P.offset = offset & (2**64 - 1)
+    P.rng_state = rng_state.data_ptr() if rng_state is not None else None
     Bf = _buffers_type(ir.buffers)()
     for info, t in zip(ir.buffers, buffers):
         setattr(Bf, info.name, t.data_ptr())

@@ -31,6 +31,7 @@ _CTYPES = {
     "float*": ctypes.c_void_p,
     "const float*": ctypes.c_void_p,
     "const int*": ctypes.c_void_p,
+    "const unsigned long long*": ctypes.c_void_p,
     "int*": ctypes.c_void_p,
     "long long": ctypes.c_longlong,
     "int": ctypes.c_int,
@@ -65,6 +66,8 @@ PARAM_FIELDS: tuple[CField, ...] = (
     CField("cu_seqlens_k", "const int*", "varlen: (B+1) key row offsets, int32; null otherwise"),
     CField("row_norms_sq", "const float*", "score skip: the largest squared row norms of q per (b, h), then of k per "
            "(b, h_kv), float32 (runtime/scoreskip.py); null: nothing is skipped"),
+    CField("rng_state", "const unsigned long long*", "dropout: device int64 [seed, offset] read in place of seed and "
+           "offset (a call captured in a CUDA graph: the graph refills it per replay); null: seed, offset above"),
 )
 
 #: The backward kernels' extra parameters (``struct AttnBwdParams``), passed after AttnParams.
