@@ -43,6 +43,8 @@ class CompiledAttention:
     _buffers: Mapping[str, torch.Tensor] = field(repr=False)
     _loaded: dict[int, LoadedKernel] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: (source, device) -> the loaded variants of kernel_source (runtime/rng.py: dropout's device pair)
+    _variants: dict[tuple[str, int], LoadedKernel] = field(default_factory=dict, repr=False)
     #: options of the backward: "schedule" ("auto", "v2", "v3") and the chosen backward's plan options (v2: block_m,
     #: num_warps, mtk, split_dkv, ...; v3: consumers, stages, dq_split_n); None: the automatic choice
     backward_options: dict[str, Any] | None = field(default=None, repr=False)
@@ -95,9 +97,13 @@ class CompiledAttention:
     def _build_variant(self, ks: KernelSource, device: torch.device) -> LoadedKernel:
         """Compile (or fetch) and load a variant of this kernel's source (:func:`device_rng_variant`); the device
         check is :meth:`build`'s."""
-        self.build(device)
-        k = compile_kernel(ks.source, ks.arch, device_index(device), ks.entry)
-        allow_dynamic_smem(k.ptr, ks.smem_bytes, device_index(device))
+        idx = device_index(device)
+        k = self._variants.get((ks.source, idx))  # (the text's hash is cached: no sha256 per call)
+        if k is None:
+            self.build(device)
+            k = compile_kernel(ks.source, ks.arch, idx, ks.entry)
+            allow_dynamic_smem(k.ptr, ks.smem_bytes, idx)
+            k = self._variants.setdefault((ks.source, idx), k)
         return k
 
     def __call__(
