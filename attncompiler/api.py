@@ -95,8 +95,7 @@ class CompiledAttention:
             return k
 
     def _build_variant(self, ks: KernelSource, device: torch.device) -> LoadedKernel:
-        """Compile (or fetch) and load a variant of this kernel's source (:func:`device_rng_variant`); the device
-        check is :meth:`build`'s."""
+        """Compile (or fetch) and load a variant of kernel_source (:func:`device_rng_variant`), after build's check."""
         idx = device_index(device)
         k = self._variants.get((ks.source, idx))  # (the text's hash is cached: no sha256 per call)
         if k is None:
