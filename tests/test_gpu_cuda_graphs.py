@@ -74,8 +74,8 @@ def test_gpu_reduce_overhead_step_matches_eager(name: str, graphed: bool) -> Non
                                        f"got {graphs}"
 
 
-def _dropout_kernel(schedule: str = "auto", causal: bool = True) -> ac.CompiledAttention:
-    return ac.compile(ac.AttentionSpec(head_dim=D, causal=causal, dropout_p=0.2, name="dropout"), schedule)
+def _dropout_kernel(schedule: str = "auto", causal: bool = True, head_dim: int = D) -> ac.CompiledAttention:
+    return ac.compile(ac.AttentionSpec(head_dim=head_dim, causal=causal, dropout_p=0.2, name="dropout"), schedule)
 
 
 def _hopper() -> bool:
@@ -123,16 +123,17 @@ def test_gpu_captured_dropout_draws_a_fresh_mask_per_replay(schedule: str) -> No
 
 
 @needs_cuda
-@pytest.mark.parametrize("schedule", ["v2", "v3"])
-def test_gpu_captured_dropout_training_step_matches_eager_at_its_seed(schedule: str) -> None:
+@pytest.mark.parametrize("schedule,head_dim", [("v2", 64), ("v2", 128), ("v3", 64), ("v3", 128), ("v3", 256)])
+def test_gpu_captured_dropout_training_step_matches_eager_at_its_seed(schedule: str, head_dim: int) -> None:
     """Forward and backward captured together (random seed, deterministic backward): each replay's output and
     gradients equal an eager step at the seed the replay drew, and two replays draw different masks."""
     if schedule == "v3" and not _hopper():
         pytest.skip("v3 needs sm_90")
-    kern = _dropout_kernel(schedule)
+    kern = _dropout_kernel(schedule, head_dim=head_dim)
     torch.manual_seed(2)
-    leaves = [torch.randn(2, H, 300, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
-    go = torch.randn(2, H, 300, D, device="cuda", dtype=torch.bfloat16)
+    leaves = [torch.randn(2, H, 300, head_dim, device="cuda", dtype=torch.bfloat16).requires_grad_()
+              for _ in range(3)]
+    go = torch.randn(2, H, 300, head_dim, device="cuda", dtype=torch.bfloat16)
 
     def step():
         out = kern(*leaves, deterministic=True)
@@ -151,9 +152,9 @@ def test_gpu_captured_dropout_training_step_matches_eager_at_its_seed(schedule: 
         out = kern(*leaves, seed=seed, offset=offset, deterministic=True)
         want = (out, *torch.autograd.grad(out, leaves, go))
         for j, (a, b) in enumerate(zip(res, want)):
-            assert torch.equal(a, b), f"{schedule} replay {rep} tensor {j}: differs from eager at seed {seed}"
+            assert torch.equal(a, b), f"{schedule} d{head_dim} replay {rep} tensor {j}: differs from eager at seed {seed}"
         outs.append(res[0].clone())
-    assert not torch.equal(outs[0], outs[1]), f"{schedule}: two replays dropped the same mask"
+    assert not torch.equal(outs[0], outs[1]), f"{schedule} d{head_dim}: two replays dropped the same mask"
 
 
 @needs_cuda
