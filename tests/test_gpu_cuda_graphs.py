@@ -152,7 +152,8 @@ def test_gpu_captured_dropout_training_step_matches_eager_at_its_seed(schedule: 
         out = kern(*leaves, seed=seed, offset=offset, deterministic=True)
         want = (out, *torch.autograd.grad(out, leaves, go))
         for j, (a, b) in enumerate(zip(res, want)):
-            assert torch.equal(a, b), f"{schedule} d{head_dim} replay {rep} tensor {j}: differs from eager at seed {seed}"
+            assert torch.equal(a, b), (f"{schedule} d{head_dim} replay {rep} tensor {j}: differs from eager at "
+                                       f"seed {seed}")
         outs.append(res[0].clone())
     assert not torch.equal(outs[0], outs[1]), f"{schedule} d{head_dim}: two replays dropped the same mask"
 
