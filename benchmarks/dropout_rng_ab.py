@@ -26,7 +26,8 @@ def _sass_counts(source: str) -> str:
         subprocess.run(["nvcc", "-cubin", "-std=c++17", "-DNDEBUG", "-gencode=arch=compute_90a,code=sm_90a", "-o",
                         str(cub), str(src)], check=True, capture_output=True)
         sass = subprocess.run(["cuobjdump", "-sass", str(cub)], check=True, capture_output=True, text=True).stdout
-    ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass))
+    line = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")  # offset, predicate, opcode
+    ops = collections.Counter(m.group(1).split(".")[0] for m in line.finditer(sass))
     keys = ("IADD3", "UIADD3", "LOP3", "ULOP3", "IMAD", "REDUX", "LDG", "R2UR", "BRA")
     return f"{sum(ops.values())} instrs; " + ", ".join(f"{k} {ops.get(k, 0)}" for k in keys)
 
