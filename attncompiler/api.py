@@ -33,6 +33,8 @@ class CompiledAttention:
     q: (B, H, Nq, D), k: (B, H_kv, Nk, D), v: (B, H_kv, Nk, DV), any strides with a contiguous head
     dimension -- so both (B, H, N, d) tensors and (B, N, H, d) tensors viewed with ``.transpose(1, 2)``
     work; the output uses q's memory layout.  ``.source`` is the CUDA that runs, ``.plan`` why.
+    After a dropout call: ``last_seed``, ``last_offset``; a call captured in a CUDA graph draws its seed on the GPU
+    (``last_seed`` None, ``last_rng_state`` the int64 [seed, offset] pair each replay refills).
     """
 
     spec: AttentionSpec
@@ -232,22 +234,10 @@ class CompiledAttention:
             raise InputError(f"dropout_p: expected a value in [0, 1), got {p_drop}")
 
     def _launch_forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        return_lse: bool,
-        scale: float | None,
-        dropout_p: float | None,
-        seed: int | None,
-        offset: int,
-        buffers: Mapping[str, torch.Tensor],
-        out: torch.Tensor | None,
-        dims: Any = None,
-        record: bool = False,
-        record_in: tuple[dict, tuple] | None = None,
-        rng_state: torch.Tensor | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, return_lse: bool, scale: float | None,
+        dropout_p: float | None, seed: int | None, offset: int, buffers: Mapping[str, torch.Tensor],
+        out: torch.Tensor | None, dims: Any = None, record: bool = False,
+        record_in: tuple[dict, tuple] | None = None, rng_state: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward launch (no autograd): validates, allocates and runs the kernel.  ``dims``: the
         inputs' :func:`check_inputs` result when a sibling kernel of the same spec already checked them;
