@@ -45,7 +45,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .runtime.rng import device_rng, rng_parts, signed64, wants_device_rng
+from .runtime.rng import device_rng, host_values, rng_parts, signed64, wants_device_rng
 
 __all__ = ["register_kernel", "get_kernel", "attention_op", "make_rng", "POISON_GRADS", "CUDAGRAPH_UNSAFE"]
 
@@ -85,22 +85,10 @@ def make_rng(seed: int | None, offset: int, device: Optional[torch.device] = Non
     masks (:mod:`attncompiler.runtime.rng`)."""
     if wants_device_rng(device):
         return device_rng(seed, offset, device)
-    if seed is None:
-        return torch.cat([torch.randint(0, 2**62, (1,), dtype=torch.int64),
-                          torch.tensor([signed64(offset)], dtype=torch.int64)])
-    if torch.compiler.is_compiling():  # made by ops: a traced torch.tensor([...]) is a constant, and a constant
-        # saved for the backward is a graph output outside the CUDA graph pool (inductor refuses such a graph)
-        return torch.cat([torch.full((1,), signed64(seed), dtype=torch.int64),
-                          torch.full((1,), signed64(offset), dtype=torch.int64)])
+    if seed is None or torch.compiler.is_compiling():  # made by ops: a traced torch.tensor([...]) is a constant, and
+        # a constant saved for the backward is a graph output outside the CUDA graph pool (inductor refuses the graph)
+        return device_rng(seed, offset, torch.device("cpu"))
     return torch.tensor([signed64(seed), signed64(offset)], dtype=torch.int64)
-
-
-def _rng_values(rng: Optional[Tensor]) -> tuple[int, int]:
-    """Host values of the pair (read back from the GPU for the torch-computed buffer gradients)."""
-    if rng is None:  # no dropout
-        return 0, 0
-    seed, offset = (int(x) for x in rng.tolist())
-    return seed & (2**64 - 1), offset & (2**64 - 1)
 
 
 def uses_graph_safe_rng(rng: Optional[Tensor]) -> bool:
@@ -212,7 +200,7 @@ def _attention_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     from .backward_torch import torch_backward
 
     kern = get_kernel(kernel_id)
-    seed, offset = _rng_values(rng)
+    seed, offset = host_values(rng)  # (torch computes these gradients: the pair is read on the host)
     bufs = _buffer_map(kern, buffers)
     names = tuple(n for n, want in zip(bufs, need) if want)
     *_, grads = torch_backward(q, k, v, out, lse, dout, kern.ir, buffers=bufs, scale=scale, dropout_p=dropout_p,

@@ -32,6 +32,7 @@ from .autograd import CUDAGRAPH_UNSAFE
 from .ir.types import AttentionIR
 from .reference import eager_attention, reference_attention
 from .runtime.launch import InputError
+from .runtime.rng import host_values
 from .spec.symbols import B as SYM_B
 
 __all__ = ["call_varlen", "reference_varlen", "eager_varlen", "pack", "unpack"]
@@ -108,11 +109,6 @@ def _kernel(kernel_id: int) -> Any:
     return get_kernel(kernel_id)
 
 
-def _rng(rng: Tensor) -> tuple[int, int]:
-    seed, offset = (int(x) & (2**64 - 1) for x in rng.tolist())
-    return seed, offset
-
-
 def _bufs(kern: Any, buffers: list[Tensor]) -> dict[str, Tensor]:
     names = [b.name for b in kern.ir.buffers]
     if len(names) != len(buffers):
@@ -128,7 +124,7 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                      buffers: list[Tensor], kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float,
                      dropout_p: float, rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
     kern = _kernel(kernel_id)
-    seed, offset = _rng(rng)
+    seed, offset = host_values(rng)
     bufs = _bufs(kern, buffers)
     if q.device.type == "cpu":
         o, lse = reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kern.ir, buffers=bufs, scale=scale,
@@ -183,7 +179,7 @@ def _varlen_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                      kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float, dropout_p: float,
                      rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     kern = _kernel(kernel_id)
-    seed, offset = _rng(rng)
+    seed, offset = host_values(rng)
     bufs = _bufs(kern, buffers)
     if q.device.type == "cpu":
         return _cpu_backward(kern.ir, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, bufs, scale=scale,
@@ -217,7 +213,7 @@ def _varlen_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     from .backward_torch import torch_backward
 
     kern = _kernel(kernel_id)
-    seed, offset = _rng(rng)
+    seed, offset = host_values(rng)
     bufs = _bufs(kern, buffers)
     names = tuple(n for n, want in zip(bufs, need) if want)
     total = {n: torch.zeros(bufs[n].shape, dtype=torch.float64, device=bufs[n].device) for n in names}

@@ -10,7 +10,7 @@ import torch
 from attncompiler import autograd
 from attncompiler.ir.build import build_ir
 from attncompiler.runtime.launch import AttnInputs, pack_params
-from attncompiler.runtime.rng import device_rng, rng_parts, signed64, wants_device_rng
+from attncompiler.runtime.rng import device_rng, host_values, rng_parts, signed64, wants_device_rng
 from attncompiler.spec import presets
 
 CPU = torch.device("cpu")
@@ -43,6 +43,8 @@ def test_device_pair_made_by_ops() -> None:
 
 
 def test_rng_parts() -> None:
+    assert host_values(None) == (0, 0)
+    assert host_values(torch.tensor([-1, 3])) == (2**64 - 1, 3)
     assert rng_parts(None) == (0, 0, None)
     assert rng_parts(torch.tensor([5, 7])) == (5, 7, None)
     assert rng_parts(torch.tensor([-1, -2])) == (2**64 - 1, 2**64 - 2, None)

@@ -20,7 +20,8 @@ from typing import Any, Optional, TypeVar
 
 import torch
 
-__all__ = ["wants_device_rng", "device_rng", "signed64", "rng_parts", "device_rng_variant", "DEVICE_RNG_DEFINE"]
+__all__ = ["wants_device_rng", "device_rng", "signed64", "host_values", "rng_parts", "device_rng_variant",
+           "DEVICE_RNG_DEFINE"]
 
 #: prepended to a translation unit: philox.cuh then reads dropout's key and offset from ``AttnParams.rng_state``
 DEVICE_RNG_DEFINE = "#define AC_DROPOUT_RNG_ON_DEVICE 1\n"
@@ -66,6 +67,15 @@ def device_rng(seed: Optional[int], offset: int, device: torch.device) -> torch.
     return torch.cat([s, off])
 
 
+def host_values(rng: Optional[torch.Tensor]) -> tuple[int, int]:
+    """(seed, offset) of a pair as unsigned 64-bit values, read on the host (a device sync for a GPU pair); (0, 0)
+    without dropout."""
+    if rng is None:
+        return 0, 0
+    seed, offset = (int(x) & (2**64 - 1) for x in rng.tolist())
+    return seed, offset
+
+
 def rng_parts(rng: Optional[torch.Tensor]) -> tuple[int, int, Optional[torch.Tensor]]:
     """(seed, offset, device pair) of an op's ``rng`` argument: host values of a CPU pair (0, 0 without dropout),
     or (0, 0, the pair) for a pair on the GPU, which the kernels read in place (nothing is read on the host)."""
@@ -76,5 +86,4 @@ def rng_parts(rng: Optional[torch.Tensor]) -> tuple[int, int, Optional[torch.Ten
             raise ValueError(f"rng: expected a contiguous int64 [seed, offset] pair, got {rng.dtype} "
                              f"{tuple(rng.shape)}")
         return 0, 0, rng
-    seed, offset = (int(x) for x in rng.tolist())
-    return seed & (2**64 - 1), offset & (2**64 - 1), None
+    return (*host_values(rng), None)
