@@ -15,7 +15,14 @@ buffers, kernel_id, max_seqlen_q, max_seqlen_k, scale, dropout_p, rng, determini
 ``attncompiler::attention_varlen_bwd_buffers(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
 buffers, need, kernel_id, scale, dropout_p, rng) -> [grad per buffer]`` (learnable captured buffers)
 
-``max_seqlen_*`` = -1 means "the longest sequence" (read from cu_seqlens).  On CPU tensors the ops
+``max_seqlen_*`` = -1 means "the longest sequence" (read from cu_seqlens).  ``rng`` is None without dropout, else
+the int64 [seed, offset] pair (on the GPU under torch.compile or capture: :mod:`attncompiler.runtime.rng`).
+
+The first two carry torch's ``cudagraph_unsafe`` tag: ``torch.compile(mode="reduce-overhead")`` keeps them out of its
+CUDA graphs.  Calls that give both max_seqlen and whose dropout pair (if any) lies on the GPU read nothing on the host
+once captured (:mod:`attncompiler.runtime.varlen`: the kernels clamp and report inconsistent cu_seqlens), so they run
+as ``attention_varlen_fwd_graph_safe`` / ``attention_varlen_bwd_graph_safe``, the same implementations untagged,
+and a training step on packed sequences is graphed whole.  On CPU tensors the ops
 run :func:`reference_varlen` in float32 (and its autograd), so the integration is testable without
 a GPU.  Learnable captured buffers (``requires_grad`` float tensors, e.g. a relative-bias table) get
 their gradients from the chunked torch backward (:func:`attncompiler.backward_torch.torch_backward`)
@@ -32,7 +39,7 @@ from .autograd import CUDAGRAPH_UNSAFE
 from .ir.types import AttentionIR
 from .reference import eager_attention, reference_attention
 from .runtime.launch import InputError
-from .runtime.rng import host_values
+from .runtime.rng import host_values, rng_parts
 from .spec.symbols import B as SYM_B
 
 __all__ = ["call_varlen", "reference_varlen", "eager_varlen", "pack", "unpack"]
@@ -122,9 +129,9 @@ def _max(n: int) -> Optional[int]:
 
 def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                      buffers: list[Tensor], kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float,
-                     dropout_p: float, rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
+                     dropout_p: float, rng: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
     kern = _kernel(kernel_id)
-    seed, offset = host_values(rng)
+    seed, offset, rng_state = rng_parts(rng)
     bufs = _bufs(kern, buffers)
     if q.device.type == "cpu":
         o, lse = reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kern.ir, buffers=bufs, scale=scale,
@@ -135,19 +142,30 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     with torch.no_grad():
         return run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                   _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
-                                  seed=seed, offset=offset)
+                                  seed=seed, offset=offset, rng_state=rng_state)
 
 
-# Tagged cudagraph_unsafe: each call reads cu_seqlens on the host (checks, grid, tile tables), which a CUDA graph
-# cannot replay, so torch.compile(mode="reduce-overhead") runs a graph holding these ops without one.
+# Tagged cudagraph_unsafe: a call without max_seqlen reads cu_seqlens on the host for its grid, and a CPU dropout
+# pair is read there too, which a CUDA graph cannot replay, so torch.compile(mode="reduce-overhead") runs a graph
+# holding these ops without one.  The graph-safe twins (the module's docstring) carry no tag.
 _varlen_fwd = torch.library.custom_op("attncompiler::attention_varlen_fwd", mutates_args=(),
                                       tags=CUDAGRAPH_UNSAFE)(_varlen_fwd_impl)
+_varlen_fwd_graph_safe = torch.library.custom_op("attncompiler::attention_varlen_fwd_graph_safe",
+                                                 mutates_args=())(_varlen_fwd_impl)
 
 
-@_varlen_fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q, max_seqlen_k, scale, dropout_p, rng,
-      deterministic):
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q, max_seqlen_k, scale, dropout_p,
+              rng, deterministic):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+
+_varlen_fwd.register_fake(_fwd_fake)
+_varlen_fwd_graph_safe.register_fake(_fwd_fake)
+
+
+def graph_safe(max_seqlen_q: int, max_seqlen_k: int, rng: Optional[Tensor]) -> bool:
+    """Whether a packed call may run inside a CUDA graph: both max_seqlen given, and no dropout pair on the host."""
+    return max_seqlen_q >= 0 and max_seqlen_k >= 0 and (rng is None or rng.device.type == "cuda")
 
 
 def _seq_view(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, rq: slice,
@@ -177,9 +195,9 @@ def _cpu_backward(ir: AttentionIR, dout: Tensor, q: Tensor, k: Tensor, v: Tensor
 def _varlen_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
                      kernel_id: int, max_seqlen_q: int, max_seqlen_k: int, scale: float, dropout_p: float,
-                     rng: Tensor, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                     rng: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     kern = _kernel(kernel_id)
-    seed, offset = host_values(rng)
+    seed, offset, rng_state = rng_parts(rng)
     bufs = _bufs(kern, buffers)
     if q.device.type == "cpu":
         return _cpu_backward(kern.ir, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, bufs, scale=scale,
@@ -190,26 +208,32 @@ def _varlen_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     return run_varlen_backward(kern.ir, kern.target, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k,
                                _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
                                seed=seed, offset=offset, deterministic=deterministic,
-                               options=getattr(kern, "backward_options", None), poison=autograd.POISON_GRADS)
+                               options=getattr(kern, "backward_options", None), poison=autograd.POISON_GRADS,
+                               rng_state=rng_state)
 
 
 _varlen_bwd = torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=(),
                                       tags=CUDAGRAPH_UNSAFE)(_varlen_bwd_impl)
+_varlen_bwd_graph_safe = torch.library.custom_op("attncompiler::attention_varlen_bwd_graph_safe",
+                                                 mutates_args=())(_varlen_bwd_impl)
 
 
-@_varlen_bwd.register_fake
-def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q, max_seqlen_k,
-      scale, dropout_p, rng, deterministic):
+def _bwd_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, buffers, kernel_id, max_seqlen_q,
+              max_seqlen_k, scale, dropout_p, rng, deterministic):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
-@torch.library.custom_op("attncompiler::attention_varlen_bwd_buffers", mutates_args=())
-def _varlen_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                        dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
-                        need: list[bool], kernel_id: int, scale: float, dropout_p: float,
-                        rng: Tensor) -> list[Tensor]:
+_varlen_bwd.register_fake(_bwd_fake)
+_varlen_bwd_graph_safe.register_fake(_bwd_fake)
+
+
+def _varlen_bwd_buffers_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             dlse: Optional[Tensor], cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, buffers: list[Tensor],
+                             need: list[bool], kernel_id: int, scale: float, dropout_p: float,
+                             rng: Optional[Tensor]) -> list[Tensor]:
     """Gradients of the learnable buffers (``need``; zeros for the others): the chunked torch backward of
-    each sequence with b = its index, summed over the sequences (float64 accumulation)."""
+    each sequence with b = its index, summed over the sequences (float64 accumulation).  It reads cu_seqlens on the
+    host, so its op is tagged cudagraph_unsafe."""
     from .backward_torch import torch_backward
 
     kern = _kernel(kernel_id)
@@ -226,6 +250,10 @@ def _varlen_bwd_buffers(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         for n in names:
             total[n] += grads[n].to(device=total[n].device, dtype=torch.float64)
     return [total[n].to(t.dtype) if n in total else torch.zeros_like(t) for n, t in bufs.items()]
+
+
+_varlen_bwd_buffers = torch.library.custom_op("attncompiler::attention_varlen_bwd_buffers", mutates_args=(),
+                                              tags=CUDAGRAPH_UNSAFE)(_varlen_bwd_buffers_impl)
 
 
 @_varlen_bwd_buffers.register_fake
@@ -248,7 +276,12 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
     kernel_id, max_q, max_k, scale, dropout_p, deterministic = ctx.args
     if dout is None:
         dout = torch.zeros_like(out)
-    bwd = _varlen_bwd_impl if getattr(ctx, "eager", False) else torch.ops.attncompiler.attention_varlen_bwd
+    if getattr(ctx, "eager", False):
+        bwd = _varlen_bwd_impl
+    elif graph_safe(max_q, max_k, rng):
+        bwd = torch.ops.attncompiler.attention_varlen_bwd_graph_safe
+    else:
+        bwd = torch.ops.attncompiler.attention_varlen_bwd
     dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, buffers, kernel_id, max_q, max_k, scale, dropout_p,
                      rng, deterministic)
     gb: list = [None] * len(buffers)
@@ -261,6 +294,8 @@ def _backward(ctx: Any, dout: Optional[Tensor], dlse: Optional[Tensor]):
 
 
 torch.library.register_autograd("attncompiler::attention_varlen_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("attncompiler::attention_varlen_fwd_graph_safe", _backward,
+                                setup_context=_setup_context)
 
 
 class _EagerVarlen(torch.autograd.Function):
@@ -269,7 +304,7 @@ class _EagerVarlen(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, kernel_id: int, max_q: int,
-                max_k: int, scale: float, dropout_p: float, rng: Tensor, deterministic: bool,
+                max_k: int, scale: float, dropout_p: float, rng: Optional[Tensor], deterministic: bool,
                 *buffers: Tensor) -> tuple[Tensor, Tensor]:
         from .autograd import eager_forward
 
@@ -303,14 +338,19 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
                                                  for t in (q, k, v, *buffers.values()))
     if not (needs_grad or torch.compiler.is_compiling()):
+        from .runtime.rng import device_rng
         from .runtime.varlen import run_varlen_forward
 
-        if seed is None:
+        rng_state = None
+        if p_drop > 0 and seed is None and isinstance(q, Tensor) and q.is_cuda \
+                and torch.cuda.is_current_stream_capturing():
+            rng_state = device_rng(None, offset, q.device)  # a host seed would be the same on every replay
+        elif seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
         o, lse = run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                    max_seqlen_q, max_seqlen_k, buffers, scale=sc, dropout_p=p_drop, seed=seed,
-                                    offset=offset, out=out)
-        kern.last_seed, kern.last_offset = seed, offset
+                                    max_seqlen_q, max_seqlen_k, buffers, scale=sc, dropout_p=p_drop,
+                                    seed=seed or 0, offset=offset, out=out, rng_state=rng_state)
+        kern.last_seed, kern.last_offset, kern.last_rng_state = seed, offset, rng_state
         return (o, lse) if return_lse else o
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.device.type != "cuda":
@@ -318,7 +358,13 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
     if out is not None:
         raise InputError("out: expected None when inputs require grad or under torch.compile, got a tensor")
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
-    rng = autograd.make_rng(seed if p_drop > 0 else 0, offset)
+    rng = autograd.make_rng(seed, offset, q.device) if p_drop > 0 else None
+    if rng is not None:
+        if rng.device.type == "cuda":
+            kern.last_seed, kern.last_rng_state = None, rng
+        else:
+            kern.last_seed, kern.last_rng_state = host_values(rng)[0], None
+        kern.last_offset = offset
     kid = kern._op_id or autograd.register_kernel(kern)
     bufs = [buffers[b.name] for b in kern.ir.buffers]
     mq, mk = (-1 if m is None else int(m) for m in (max_seqlen_q, max_seqlen_k))
@@ -326,6 +372,7 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
         o, lse = _EagerVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, kid, mq, mk, float(sc), float(p_drop), rng,
                                     det, *bufs)
     else:
-        o, lse = torch.ops.attncompiler.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, bufs, kid, mq, mk,
-                                                             float(sc), float(p_drop), rng, det)
+        ops = torch.ops.attncompiler
+        op = ops.attention_varlen_fwd_graph_safe if graph_safe(mq, mk, rng) else ops.attention_varlen_fwd
+        o, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, bufs, kid, mq, mk, float(sc), float(p_drop), rng, det)
     return (o, lse) if return_lse else o

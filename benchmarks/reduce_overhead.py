@@ -30,12 +30,13 @@ def variants(heads: int, d: int) -> dict[str, Callable[..., torch.Tensor]]:
     alibi_gpu = ac.compile(presets.alibi(presets.alibi_slopes(heads).cuda(), d, causal=True))
     packed = ac.compile(presets.causal(d))
 
-    def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen: bool = False) -> torch.Tensor:
         B, H, N, _ = q.shape  # the batch's rows as two packed sequences of each row's length
         cu = torch.arange(0, 2 * B + 1, device=q.device, dtype=torch.int32) * (N // 2)
         cu[-1] = B * N
         pk = [t.transpose(1, 2).reshape(B * N, H, d) for t in (q, k, v)]
-        return packed(*pk, cu_seqlens_q=cu, cu_seqlens_k=cu).view(B, N, H, d).transpose(1, 2)
+        mx = {"max_seqlen_q": N, "max_seqlen_k": N} if max_seqlen else {}  # with both: graph-safe (runtime/varlen.py)
+        return packed(*pk, cu_seqlens_q=cu, cu_seqlens_k=cu, **mx).view(B, N, H, d).transpose(1, 2)
 
     return {
         "causal": lambda q, k, v: causal(q, k, v),
@@ -46,6 +47,7 @@ def variants(heads: int, d: int) -> dict[str, Callable[..., torch.Tensor]]:
         "alibi, slopes on the CPU": lambda q, k, v: alibi_cpu(q, k, v),
         "alibi, slopes on the GPU": lambda q, k, v: alibi_gpu(q, k, v),
         "packed sequences": varlen,
+        "packed sequences, max_seqlen given": lambda q, k, v: varlen(q, k, v, max_seqlen=True),
     }
 
 

@@ -206,6 +206,10 @@ def test_dropout_and_packed_ops_are_tagged_cudagraph_unsafe():
     assert tag in ops.attention_fwd_dropout.default.tags and tag not in ops.attention_fwd.default.tags
     assert tag in ops.attention_bwd_dropout.default.tags and tag not in ops.attention_bwd.default.tags
     assert tag in ops.attention_varlen_fwd.default.tags and tag in ops.attention_varlen_bwd.default.tags
+    # packed calls with both max_seqlen read nothing on the host once captured: their twins are untagged
+    assert tag not in ops.attention_varlen_fwd_graph_safe.default.tags
+    assert tag not in ops.attention_varlen_bwd_graph_safe.default.tags
+    assert tag in ops.attention_varlen_bwd_buffers.default.tags  # (runs per sequence from host offsets)
 
 
 def test_torch_compile_fullgraph_cpu_block():

@@ -1,9 +1,10 @@
 """GPU: attncompiler kernels in CUDA graphs: a training step under ``torch.compile(mode="reduce-overhead")``
 (inductor's CUDA graph trees), and calls captured with ``torch.cuda.graph``. The forward and backward kernels are
 captured and replayed, dropout included: its [seed, offset] pair is made on the GPU inside the graph and read by the
-kernels there, so every replay drops a fresh mask (attncompiler/runtime/rng.py). Packed sequences (cu_seqlens read on
-the host) are kept out of inductor's graphs (their ops carry the ``cudagraph_unsafe`` tag: the graph is split around
-them). Every step on new inputs matches the eager step (at the same seed, for dropout). Captured buffers must be on
+kernels there, so every replay drops a fresh mask (attncompiler/runtime/rng.py). Packed sequences without max_seqlen
+(cu_seqlens read on the host for the grid) are kept out of inductor's graphs (their ops carry the ``cudagraph_unsafe``
+tag: the graph is split around them); with both max_seqlen the step is graphed whole (tests/test_gpu_varlen_graphs.py
+replays such calls on new cu_seqlens). Every step on new inputs matches the eager step (at the same seed, for dropout). Captured buffers must be on
 the GPU there: a CPU one (ALiBi's slopes made on the CPU) is saved for the backward as a CPU tensor, and inductor
 refuses to graph such a step ("Expected all cuda outputs in cuda graph recording"; measured on an H200, 2026-11-30)."""
 from __future__ import annotations
@@ -22,14 +23,15 @@ H, D = 4, 64
 
 
 def _attend(name: str):
-    if name == "packed":
+    if name in ("packed", "packed_max"):
         kern = ac.compile(presets.causal(D))
 
         def packed(q, k, v):
             B, _, N, _ = q.shape
             cu = torch.tensor([0, 100, N, N + 37, 2 * N], device=q.device, dtype=torch.int32)[: 2 * B + 1]
             pk = [t.transpose(1, 2).reshape(B * N, H, D) for t in (q, k, v)]
-            return kern(*pk, cu_seqlens_q=cu, cu_seqlens_k=cu).view(B, N, H, D).transpose(1, 2)
+            mx = {"max_seqlen_q": N, "max_seqlen_k": N} if name == "packed_max" else {}
+            return kern(*pk, cu_seqlens_q=cu, cu_seqlens_k=cu, **mx).view(B, N, H, D).transpose(1, 2)
         return packed
     spec = {"causal": presets.causal(D), "deterministic": presets.causal(D),
             "window": presets.sliding_window(100, D),
@@ -51,7 +53,8 @@ def _step(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 
 @needs_cuda
 @pytest.mark.parametrize("name,graphed", [("causal", True), ("deterministic", True), ("window", True),
-                                          ("alibi", True), ("dropout", True), ("packed", False)])
+                                          ("alibi", True), ("dropout", True), ("packed", False),
+                                          ("packed_max", True)])
 def test_gpu_reduce_overhead_step_matches_eager(name: str, graphed: bool) -> None:
     from torch._dynamo.utils import counters
 

@@ -11,6 +11,7 @@ import torch
 
 import attncompiler as ac
 from attncompiler import autograd
+from attncompiler.runtime.launch import InputError
 from attncompiler.codegen.schedule import get_schedule
 from attncompiler.codegen.v2_bwd import make_bwd_plan, render_bwd
 from attncompiler.ir.build import build_ir
@@ -211,3 +212,42 @@ def test_nvcc_compiles_varlen_kernels(head_dim):
     for name, rep in reports.items():
         print(f"varlen d={head_dim} {name:28s}: {rep.registers:3d} regs, spill {rep.spill_stores}/{rep.spill_loads} B")
         assert rep.registers > 0
+
+
+def test_graph_safe_rule() -> None:
+    """The untagged packed ops take calls with both max_seqlen and no host dropout pair."""
+    from attncompiler.varlen import graph_safe
+
+    assert graph_safe(300, 300, None)
+    assert not graph_safe(-1, 300, None) and not graph_safe(300, -1, None)
+    assert not graph_safe(300, 300, torch.tensor([1, 2]))  # a CPU pair is read on the host
+
+
+def test_captured_checks_from_shapes_alone() -> None:
+    """Under capture cu_seqlens are not read: max_seqlen is required, and what the shapes say is still checked."""
+    from attncompiler.runtime.varlen import _check_captured
+
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    assert _check_captured(cu, cu, 7, 9, 12, 12) == (2, 7, 9)
+    with pytest.raises(InputError, match="max_seqlen_q: expected an int under CUDA graph capture"):
+        _check_captured(cu, cu, None, 9, 12, 12)
+    with pytest.raises(InputError, match="max_seqlen_k: expected a non-negative int or None, got -3"):
+        _check_captured(cu, cu, 7, -3, 12, 12)
+    with pytest.raises(InputError, match="expected the same length B\\+1, got 3 and 2"):
+        _check_captured(cu, cu[:2], 7, 9, 12, 12)
+    with pytest.raises(InputError, match="expected dtype torch.int32, got torch.int64"):
+        _check_captured(cu.long(), cu, 7, 9, 12, 12)
+    with pytest.raises(InputError, match="expected B\\+1 >= 2 offsets for 12 query and 12 key rows, got one"):
+        _check_captured(cu[:1], cu[:1], 7, 9, 12, 12)
+
+
+def test_sequence_of_rows_matches_the_offsets_and_stays_in_range() -> None:
+    from attncompiler.runtime.varlen import _sequence_of_rows
+
+    lens = [0, 3, 0, 5, 1]
+    cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    want = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    assert torch.equal(_sequence_of_rows(cu, sum(lens)), want)
+    garbage = torch.tensor([7, 100, -90, 2**31 - 1, -2**31], dtype=torch.int32)  # what a graph replay may hold
+    seq = _sequence_of_rows(garbage, 50)
+    assert seq.shape == (50,) and int(seq.min()) >= 0 and int(seq.max()) <= 3

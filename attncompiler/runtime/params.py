@@ -8,7 +8,8 @@ Strides are in elements.  Tensors are addressed as ``base + b*s_b + h*s_h + n*s_
 dimension is contiguous).  ``lse`` is float32 of shape (B, H, Nq), contiguous; it may be null.
 ``workspace`` is float32 scratch owned by the launcher (v1 keeps O, l and m there).
 ``cu_seqlens_q`` / ``cu_seqlens_k`` are null except in the varlen kernels (rendered with
-``varlen=True``, templates/include/attncompiler/varlen.cuh), which read them at entry.
+``varlen=True``, templates/include/attncompiler/varlen.cuh), which read them at entry, with ``total_q`` /
+``total_k`` (the packed rows) and ``varlen_errors``.
 """
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ PARAM_FIELDS: tuple[CField, ...] = (
            "(b, h_kv), float32 (runtime/scoreskip.py); null: nothing is skipped"),
     CField("rng_state", "const unsigned long long*", "dropout: device int64 [seed, offset] read in place of seed and "
            "offset (a call captured in a CUDA graph: the graph refills it per replay); null: seed, offset above"),
+    CField("total_q", "int", "varlen: packed query rows (q.shape[0]); each sequence's view is clamped into them"),
+    CField("total_k", "int", "varlen: packed key rows (k.shape[0])"),
+    CField("varlen_errors", "int*", "varlen: error bits a view ORs in when cu_seqlens disagree with the launch (a call "
+           "a CUDA graph replays; runtime/varlen.py reads them); null: the host checked cu_seqlens"),
 )
 
 #: The backward kernels' extra parameters (``struct AttnBwdParams``), passed after AttnParams.

@@ -17,10 +17,16 @@ v3 backward (TMA maps over the packed rows, each CTA in its sequence's view), wh
 and dO; else v2's.
 
 :func:`check_varlen` copies the two cu_seqlens to the host (one device sync each) to check that they
-are monotone and consistent with the tensors -- an inconsistent cu_seqlens would otherwise become
-an out-of-bounds access in the kernel.  The copy is cached per tensor (keyed by torch's version
+are monotone and consistent with the tensors.  The copy is cached per tensor (keyed by torch's version
 counter, so an in-place change is seen): the layers of one step that share a cu_seqlens, and their
 backward, sync once.
+
+CUDA graphs: a call captured by ``torch.cuda.graph`` or ``torch.compile(mode="reduce-overhead")`` cannot read
+cu_seqlens on the host -- its replays see whatever the graph's input buffer holds then.  It needs max_seqlen_q and
+max_seqlen_k (they size the grid), checks only what the shapes say, and leaves the values to the kernels: each
+sequence's view is clamped into the packed rows and max_seqlen (varlen.cuh, so no address leaves the tensors), and
+a view that had to be clamped ORs a bit into a per-device error word.  The next eager packed call on the device, or
+:func:`check_replays`, raises the error a replay recorded.
 """
 from __future__ import annotations
 
@@ -43,7 +49,8 @@ from .launch import (AttnInputs, InputError, check_index_limit, check_out, devic
 if TYPE_CHECKING:
     from ..codegen.v3_bwd import DqTiles
 
-__all__ = ["VarlenInputs", "check_varlen", "varlen_fwd_source", "run_varlen_forward", "run_varlen_backward"]
+__all__ = ["VarlenInputs", "check_varlen", "check_replays", "varlen_fwd_source", "run_varlen_forward",
+           "run_varlen_backward"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _MAX_GRID_Y = 65535
@@ -52,7 +59,9 @@ _lock = threading.Lock()
 
 @dataclass(frozen=True)
 class VarlenInputs:
-    """Validated sizes of a packed batch; ``cu_q`` / ``cu_k`` are the host copies of cu_seqlens."""
+    """Validated sizes of a packed batch; ``cu_q`` / ``cu_k`` are the host copies of cu_seqlens, None for a call
+    captured in a CUDA graph (``errors``: the address of the device's error word the kernels report to; 0 when the
+    host checked cu_seqlens)."""
 
     B: int
     H: int
@@ -63,8 +72,9 @@ class VarlenInputs:
     max_k: int
     D: int
     DV: int
-    cu_q: tuple[int, ...]
-    cu_k: tuple[int, ...]
+    cu_q: tuple[int, ...] | None
+    cu_k: tuple[int, ...] | None
+    errors: int = 0
 
     def launch_dims(self) -> AttnInputs:
         """What the launch geometry sees: B sequences of at most max_q queries and max_k keys."""
@@ -105,13 +115,17 @@ def _host_values(cu: torch.Tensor) -> list[int]:
     return vals
 
 
-def _check_cu(name: str, cu: Any, total: int, rows: str) -> list[int]:
+def _check_cu_tensor(name: str, cu: Any) -> None:
     if not isinstance(cu, torch.Tensor):
         raise InputError(f"{name}: expected an int32 tensor of length B+1, got {_desc(cu)}")
     if cu.dtype != torch.int32:
         raise InputError(f"{name}: expected dtype torch.int32, got {cu.dtype}; use .to(torch.int32)")
     if cu.dim() != 1 or cu.numel() < 1:
         raise InputError(f"{name}: expected a 1-d tensor of length B+1 >= 1, got shape {tuple(cu.shape)}")
+
+
+def _check_cu(name: str, cu: Any, total: int, rows: str) -> list[int]:
+    _check_cu_tensor(name, cu)
     vals = _host_values(cu)
     if vals[0] != 0:
         raise InputError(f"{name}: expected cu_seqlens[0] == 0, got {vals[0]}")
@@ -135,11 +149,73 @@ def _check_max(name: str, given: Any, actual: int) -> int:
     return given
 
 
+# The error word of each device (int32, outside torch's allocator): varlen.cuh ORs AC_VARLEN_BAD_OFFSETS into it.
+# _replayed: the devices whose captured launches carry its address (only those can have set it).
+_error_words: dict[int, torch.Tensor] = {}
+_replayed: set[int] = set()
+_BAD_OFFSETS = 1
+
+
+def _error_word(index: int) -> torch.Tensor:
+    """The device's error word, made by its first eager packed call (no memory can be allocated and zeroed outside
+    the graph while a capture runs)."""
+    with _lock:
+        word = _error_words.get(index)
+    if word is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise InputError(f"packed sequences on cuda:{index}: expected an eager packed call on this device before "
+                             "capturing one (the warm-up torch.cuda.graph needs anyway), got a capture first")
+        from .persistent import persistent_zeros
+
+        word = persistent_zeros(1, torch.int32, torch.device("cuda", index))
+        torch.cuda.current_stream(index).synchronize()  # zeroed before a launch on any stream reads it (once)
+        with _lock:
+            word = _error_words.setdefault(index, word)
+    return word
+
+
+def check_replays(device: Any = None) -> None:
+    """Raise :class:`InputError` if a packed-sequence call replayed from a CUDA graph on ``device`` (default: the
+    current one) found cu_seqlens inconsistent with its launch since the last check (one device sync; nothing to do
+    when no packed call was captured there).  The error is cleared once raised."""
+    index = device_index(torch.device("cuda") if device is None else torch.device(device))
+    if index not in _replayed:
+        return
+    word = _error_word(index)
+    bits = int(word.item())
+    if bits:
+        word.zero_()
+        raise InputError("cu_seqlens_q, cu_seqlens_k (a call replayed from a CUDA graph): expected offsets from 0 to "
+                         "the packed rows, non-decreasing, no sequence longer than the captured max_seqlen_q / "
+                         f"max_seqlen_k; got offsets that are not (error bits {bits:#x}), so the outputs of that "
+                         "replay are wrong for the sequences they name")
+
+
+def _check_captured(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any, total_q: int,
+                    total_k: int) -> tuple[int, int, int]:
+    """(B, max_q, max_k) of a call captured in a CUDA graph, from the shapes alone (see the module)."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_cu_tensor(name, cu)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise InputError(f"cu_seqlens_q, cu_seqlens_k: expected the same length B+1, got {cu_seqlens_q.numel()} and "
+                         f"{cu_seqlens_k.numel()}")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if m is None:
+            raise InputError(f"{name}: expected an int under CUDA graph capture (it sizes the grid, and cu_seqlens "
+                             "cannot be read on the host while capturing), got None")
+    B = cu_seqlens_q.numel() - 1
+    if B == 0 and (total_q or total_k):
+        raise InputError(f"cu_seqlens_q, cu_seqlens_k: expected B+1 >= 2 offsets for {total_q} query and {total_k} "
+                         "key rows, got one (no sequence)")
+    return B, _check_max("max_seqlen_q", max_seqlen_q, 0), _check_max("max_seqlen_k", max_seqlen_k, 0)
+
+
 def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
                  max_seqlen_k: Any, ir: AttentionIR) -> VarlenInputs:
     """Validate a packed batch for ``ir``.  Order: the tensors' types, ranks, dtypes and shapes; the
     cu_seqlens (dtype, rank, length, values); max_seqlen; then devices, limits and memory layout --
-    so that everything but the device is reported for CPU tensors too."""
+    so that everything but the device is reported for CPU tensors too.  Under CUDA graph capture the values of
+    cu_seqlens are left to the kernels (see the module)."""
     want = _TORCH_DTYPES[ir.dtype]
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -160,13 +236,22 @@ def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, m
         raise InputError(f"k and v: expected the same rows and heads, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     if H_kv == 0 or H % H_kv != 0:
         raise InputError(f"heads: expected q heads ({H}) to be a multiple of k/v heads ({H_kv})")
-    cq = _check_cu("cu_seqlens_q", cu_seqlens_q, total_q, "query")
-    ck = _check_cu("cu_seqlens_k", cu_seqlens_k, total_k, "key")
-    if len(cq) != len(ck):
-        raise InputError(f"cu_seqlens_q, cu_seqlens_k: expected the same length B+1, got {len(cq)} and {len(ck)}")
-    B = len(cq) - 1
-    max_q = _check_max("max_seqlen_q", max_seqlen_q, max((cq[i + 1] - cq[i] for i in range(B)), default=0))
-    max_k = _check_max("max_seqlen_k", max_seqlen_k, max((ck[i + 1] - ck[i] for i in range(B)), default=0))
+    captured = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    cq: list[int] | None = None
+    ck: list[int] | None = None
+    if captured:
+        B, max_q, max_k = _check_captured(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q, total_k)
+    else:
+        if q.device.type == "cuda":
+            _error_word(device_index(q.device))  # (made here, outside any capture)
+            check_replays(q.device)
+        cq = _check_cu("cu_seqlens_q", cu_seqlens_q, total_q, "query")
+        ck = _check_cu("cu_seqlens_k", cu_seqlens_k, total_k, "key")
+        if len(cq) != len(ck):
+            raise InputError(f"cu_seqlens_q, cu_seqlens_k: expected the same length B+1, got {len(cq)} and {len(ck)}")
+        B = len(cq) - 1
+        max_q = _check_max("max_seqlen_q", max_seqlen_q, max((cq[i + 1] - cq[i] for i in range(B)), default=0))
+        max_k = _check_max("max_seqlen_k", max_seqlen_k, max((ck[i + 1] - ck[i] for i in range(B)), default=0))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
@@ -189,7 +274,14 @@ def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, m
         if any(s % 8 for s in t.stride()[:2]) or t.data_ptr() % 16:
             raise InputError(f"{name}: expected 16-byte aligned rows (strides multiples of 8 elements, 16-byte "
                              f"aligned base), got strides {t.stride()} and address {t.data_ptr():#x}")
-    return VarlenInputs(B, H, H_kv, total_q, total_k, max_q, max_k, D, DV, tuple(cq), tuple(ck))
+    errors = 0
+    if captured:
+        index = device_index(q.device)
+        errors = _error_word(index).data_ptr()
+        with _lock:
+            _replayed.add(index)
+    return VarlenInputs(B, H, H_kv, total_q, total_k, max_q, max_k, D, DV, None if cq is None else tuple(cq),
+                        None if ck is None else tuple(ck), errors)
 
 
 def _as4(t: torch.Tensor) -> torch.Tensor:
@@ -262,8 +354,10 @@ def _dev_index(t: torch.Tensor) -> int:
     return device_index(t.device)
 
 
-def _set_cu(P: Any, cu_q: torch.Tensor, cu_k: torch.Tensor) -> None:
+def _set_cu(P: Any, cu_q: torch.Tensor, cu_k: torch.Tensor, vi: VarlenInputs) -> None:
     P.cu_seqlens_q, P.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+    P.total_q, P.total_k = vi.total_q, vi.total_k
+    P.varlen_errors = vi.errors or None
     for name in ("q", "k", "v", "o"):
         setattr(P, f"{name}_sb", 0)
 
@@ -272,8 +366,10 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
                        k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                        max_seqlen_q: int | None, max_seqlen_k: int | None, buffers: Mapping[str, torch.Tensor], *,
                        scale: float, dropout_p: float, seed: int, offset: int,
-                       out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (total_q, H, DV), lse (H, total_q) float32) of a packed batch."""
+                       out: torch.Tensor | None = None,
+                       rng_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (total_q, H, DV), lse (H, total_q) float32) of a packed batch.  ``rng_state``: dropout's [seed, offset]
+    on the device, read by the kernels in place of ``seed`` and ``offset`` (runtime/rng.py)."""
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     if out is not None:
         o = check_out(out, (vi.total_q, vi.H, vi.DV), q)
@@ -288,13 +384,17 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
         return o, lse
     v3 = _v3_applies(kernel_source, q, k, v)
     ks = varlen_fwd_source(ir, target, kernel_source, "v3" if v3 else "v2")
+    if rng_state is not None:
+        from .rng import device_rng_variant
+
+        ks = device_rng_variant(ks)
     loaded = _load(ks, _dev_index(q))
     bufs = prepare_buffers(ir, buffers, q.device)
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     dims = vi.launch_dims()
     P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(o), lse, None, dims, scale=scale, dropout_p=dropout_p,
-                        seed=seed, offset=offset, ir=ir, buffers=bufs)
-    _set_cu(P, cu_q, cu_k)
+                        seed=seed, offset=offset, ir=ir, buffers=bufs, rng_state=rng_state)
+    _set_cu(P, cu_q, cu_k, vi)
     grid = (-(-vi.max_q // ks.plan.block_m), vi.B * vi.H, 1)
     with torch.cuda.device(q.device):
         if v3:
@@ -311,6 +411,28 @@ def _rows_of(cu: tuple[int, ...], pick: list[int], device: torch.device) -> torc
     """Row indices of the sequences ``pick``."""
     idx = [r for b in pick for r in range(cu[b], cu[b + 1])]
     return torch.tensor(idx, dtype=torch.long, device=device)
+
+
+def _sequence_of_rows(cu: torch.Tensor, total: int) -> torch.Tensor:
+    """The sequence index (int64) of each of ``total`` packed rows, by kernels on the device (no host read: a CUDA
+    graph may capture it).  An inconsistent ``cu`` still gives indices in [0, B)."""
+    rows = torch.arange(total, device=cu.device, dtype=cu.dtype)
+    return torch.searchsorted(cu[1:].contiguous(), rows, right=True).clamp_(max=max(cu.numel() - 2, 0))
+
+
+def _zero_keys_without_queries(dk: torch.Tensor, dv: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                               vi: VarlenInputs) -> None:
+    """dK, dV <- 0 on the key rows of sequences that have keys but no queries (the dK/dV kernels skip those)."""
+    if vi.cu_q is not None and vi.cu_k is not None:  # host offsets: index the few rows there are, if any
+        idle = [b for b in range(vi.B) if vi.cu_q[b + 1] == vi.cu_q[b] and vi.cu_k[b + 1] > vi.cu_k[b]]
+        if idle:
+            rows = _rows_of(vi.cu_k, idle, dk.device)
+            dk[rows] = 0
+            dv[rows] = 0
+        return
+    no_queries = (cu_q[1:] <= cu_q[:-1])[_sequence_of_rows(cu_k, vi.total_k)].view(-1, 1, 1)
+    dk.masked_fill_(no_queries, 0)
+    dv.masked_fill_(no_queries, 0)
 
 
 def varlen_dq_rows(vi: VarlenInputs) -> int:
@@ -335,11 +457,13 @@ def _gather_dq(acc: torch.Tensor, cu_q: torch.Tensor, vi: VarlenInputs, dtype: t
     dev = acc.device
     cu = cu_q.to(torch.long)
     lens = cu[1:] - cu[:-1]
-    seq = torch.repeat_interleave(torch.arange(vi.B, device=dev), lens, output_size=vi.total_q)
+    seq = _sequence_of_rows(cu_q, vi.total_q)  # (on the device: a CUDA graph may capture it)
     start, ln = cu[:-1][seq], lens[seq]
     rows = torch.arange(vi.total_q, device=dev) - start
     heads = torch.arange(vi.H, device=dev)
     idx = (start * vi.H + rows).unsqueeze(1) + heads.unsqueeze(0) * ln.unsqueeze(1)  # (total_q, H)
+    if vi.cu_q is None:  # captured: cu_seqlens unchecked, so no index may leave the accumulator
+        idx.clamp_(0, vi.total_q * vi.H - 1)
     return acc.view(-1, vi.D).to(dtype)[idx]  # round first: the gather then moves half the bytes
 
 
@@ -348,11 +472,13 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None,
                         max_seqlen_k: int | None, buffers: Mapping[str, torch.Tensor], *, scale: float,
                         dropout_p: float, seed: int, offset: int, deterministic: bool = False,
-                        options: Mapping[str, Any] | None = None,
-                        poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        options: Mapping[str, Any] | None = None, poison: bool = False,
+                        rng_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (the backward
-    kernels :func:`bwd_source` picks, rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first."""
+    kernels :func:`bwd_source` picks, rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first;
+    ``rng_state`` as in :func:`run_varlen_forward`."""
     from .backward import bwd_params, bwd_source, launch_bwd, load_bwd, tma_checked_source, turn_counters
+    from .rng import device_rng_variant
 
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     want = (vi.total_q, vi.H, vi.DV)
@@ -380,6 +506,8 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     src = tma_checked_source(src, ir, target, tuple((n, _as4(t)) for n, t in (("q", q), ("k", k), ("v", v),
                                                                             ("dout", dout))),
                              deterministic=deterministic, options=options, varlen=True)
+    if rng_state is not None:
+        src = device_rng_variant(src)
     plan = src.plan
     fns = load_bwd(src, _dev_index(q))
     atomic = plan.dq_mode == "atomic"
@@ -395,18 +523,13 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     bufs = prepare_buffers(ir, buffers, q.device)
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(out), lse, None, dims, scale=scale, dropout_p=dropout_p,
-                        seed=seed, offset=offset, ir=ir, buffers=bufs)
-    _set_cu(P, cu_q, cu_k)
+                        seed=seed, offset=offset, ir=ir, buffers=bufs, rng_state=rng_state)
+    _set_cu(P, cu_q, cu_k, vi)
     sem, sem_owner = turn_counters(src, dims, q.device)
     bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad, sem)
     launch_bwd(src, fns, dims, P, bp, Bf, src.maps(P, bp, dims, packed_rows=(vi.total_q, vi.total_k)), q.device)
     del sem_owner
-    # Sequences with keys but no queries: the dK/dV kernels skip them; their gradients are 0.
-    idle = [b for b in range(vi.B) if vi.cu_q[b + 1] == vi.cu_q[b] and vi.cu_k[b + 1] > vi.cu_k[b]]
-    if idle:
-        rows = _rows_of(vi.cu_k, idle, q.device)
-        dk[rows] = 0
-        dv[rows] = 0
+    _zero_keys_without_queries(dk, dv, cu_q, cu_k, vi)
     if rows_accum:
         dq = _gather_dq(dq_accum, cu_q, vi, q.dtype)  # type: ignore[arg-type]
     return dq, dk, dv  # type: ignore[return-value]

@@ -6,7 +6,7 @@
 // Layout (FlashAttention's varlen API): q (total_q, H, D), k (total_k, H_kv, D), v (total_k, H_kv,
 // DV), out (total_q, H, DV); sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key
 // rows [cu_seqlens_k[b], cu_seqlens_k[b+1]). The launcher passes p.B = number of sequences and
-// p.Nq / p.Nk = the longest sequence (grid size). At entry each CTA rewrites its copy of the params
+// p.Nq / p.Nk = the longest sequence (grid size) and p.total_q / p.total_k = the packed rows. At entry each CTA rewrites its copy of the params
 // into the view of one sequence -- base pointers moved to the sequence's first row, batch strides 0,
 // Nq / Nk its own lengths -- and the schedule's body runs unchanged on it: the Variant hooks see
 // the sequence index as b, sequence-local q_idx / kv_idx, and Q_LEN / KV_LEN (p.Nq / p.Nk) of this
@@ -37,15 +37,41 @@ struct VarlenSeq {
   int total_q;  // packed query rows of the whole batch
 };
 
-// Rewrite p into the view of sequence b (q, k, v, o, Nq, Nk, batch strides).
+// Error bits a view ORs into *p.varlen_errors when cu_seqlens disagree with the launch (runtime/varlen.py reads
+// them): offsets out of [0, total rows], decreasing, not starting at 0 or ending at the packed rows, or a
+// sequence longer than the launch's max_seqlen.
+#define AC_VARLEN_BAD_OFFSETS 1
+
+// A sequence's first row, clamped into the packed rows [0, total].
+__device__ __forceinline__ int varlen_start(int start, int total) { return min(max(start, 0), total); }
+
+// Rows [start, end) of one sequence, clamped so that every row the kernels address lies in [0, total) and no
+// sequence exceeds the grid's max_len; ok is false when clamping changed anything.
+__device__ __forceinline__ int varlen_len(int start, int end, int total, int max_len, bool& ok) {
+  const int s = varlen_start(start, total);
+  const long long len = (long long)end - s;
+  const int cap = min(max_len, total - s);
+  ok = ok && s == start && len >= 0 && len <= cap;
+  return len < 0 ? 0 : (len > cap ? cap : (int)len);
+}
+
+// Rewrite p into the view of sequence b (q, k, v, o, Nq, Nk, batch strides). On entry p.Nq / p.Nk are the
+// launch's longest sequence (the grid's extent). The host checks cu_seqlens before an eager launch; a launch a
+// CUDA graph replays had its cu_seqlens rewritten since, so the view clamps them (no address leaves the packed
+// tensors) and reports what it clamped in p.varlen_errors (null: the host checked).
 __device__ __forceinline__ VarlenSeq varlen_view(AttnParams& p, int b) {
   using T = ac_elem_t;
   VarlenSeq s;
-  s.q_start = p.cu_seqlens_q[b];
-  s.k_start = p.cu_seqlens_k[b];
-  s.total_q = p.cu_seqlens_q[p.B];
-  p.Nq = p.cu_seqlens_q[b + 1] - s.q_start;
-  p.Nk = p.cu_seqlens_k[b + 1] - s.k_start;
+  const int q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+  const int k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+  bool ok = (b > 0 || (q0 == 0 && k0 == 0)) && (b < p.B - 1 || (q1 == p.total_q && k1 == p.total_k));
+  p.Nq = varlen_len(q0, q1, p.total_q, p.Nq, ok);
+  p.Nk = varlen_len(k0, k1, p.total_k, p.Nk, ok);
+  if (!ok && p.varlen_errors != nullptr) atomicOr(p.varlen_errors, AC_VARLEN_BAD_OFFSETS);  // (uniform: no
+  // threadIdx test, whose divergent path made ptxas serialize the wgmma of the v3 forward: C7520)
+  s.q_start = varlen_start(q0, p.total_q);
+  s.k_start = varlen_start(k0, p.total_k);
+  s.total_q = p.total_q;
   p.q = reinterpret_cast<const T*>(p.q) + (long long)s.q_start * p.q_sn;
   p.o = reinterpret_cast<T*>(p.o) + (long long)s.q_start * p.o_sn;
   p.k = reinterpret_cast<const T*>(p.k) + (long long)s.k_start * p.k_sn;
