@@ -42,7 +42,7 @@ from .runtime.launch import InputError
 from .runtime.rng import host_values, rng_parts
 from .spec.symbols import B as SYM_B
 
-__all__ = ["call_varlen", "reference_varlen", "eager_varlen", "pack", "unpack"]
+__all__ = ["call_varlen", "reference_varlen", "eager_varlen", "pack", "unpack", "check_replays"]
 
 
 # ------------------------------------------------------------------------------------ reference
@@ -107,6 +107,15 @@ def unpack(packed: Tensor, cu_seqlens: Tensor) -> list[Tensor]:
     """The per-sequence slices of a packed (total, ...) tensor."""
     cu = [int(x) for x in cu_seqlens.tolist()]
     return [packed[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
+
+
+def check_replays(device: Any = None) -> None:
+    """Raise :class:`~attncompiler.runtime.launch.InputError` if a packed call replayed from a CUDA graph on
+    ``device`` (default: the current CUDA device) saw cu_seqlens inconsistent with its captured launch since the last
+    check; one device sync (:func:`attncompiler.runtime.varlen.check_replays`)."""
+    from .runtime.varlen import check_replays as check
+
+    check(device)
 
 
 # ------------------------------------------------------------------------------------ custom ops

@@ -13,7 +13,7 @@ import torch
 
 import attncompiler as ac
 from attncompiler.runtime.launch import InputError
-from attncompiler.runtime.varlen import check_replays
+from attncompiler.varlen import check_replays
 from attncompiler.spec import presets
 
 pytestmark = pytest.mark.gpu
