@@ -16,6 +16,8 @@ import attncompiler as ac
 from attncompiler.spec import presets
 from attncompiler.testing import TransformerBlock
 
+from _graphs import capture  # shared with test_gpu_varlen_graphs.py
+
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -85,19 +87,6 @@ def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _capture(run):
-    """(graph, what ``run()`` returned while captured), after a warm-up call on a side stream (compiles, loads)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        res = run()
-    return g, res
-
-
 @needs_cuda
 @pytest.mark.parametrize("schedule", ["v1", "v2", "v3", "decode"])
 def test_gpu_captured_dropout_draws_a_fresh_mask_per_replay(schedule: str) -> None:
@@ -110,7 +99,7 @@ def test_gpu_captured_dropout_draws_a_fresh_mask_per_replay(schedule: str) -> No
     nq, nk = (4, 3000) if schedule == "decode" else (300, 300)
     q = torch.randn(2, H, nq, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, H, nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    g, out = _capture(lambda: kern(q, k, v))
+    g, out = capture(lambda: kern(q, k, v))
     state = kern.last_rng_state
     assert kern.last_seed is None and state is not None and state.is_cuda, "the captured call read a host seed"
     seeds = set()
@@ -142,7 +131,7 @@ def test_gpu_captured_dropout_training_step_matches_eager_at_its_seed(schedule: 
         out = kern(*leaves, deterministic=True)
         return (out, *torch.autograd.grad(out, leaves, go))
 
-    g, res = _capture(step)
+    g, res = capture(step)
     state = kern.last_rng_state
     assert state is not None and state.is_cuda, "the captured step read a host seed"
     outs = []

@@ -13,8 +13,10 @@ import torch
 
 import attncompiler as ac
 from attncompiler.runtime.launch import InputError
-from attncompiler.varlen import check_replays
 from attncompiler.spec import presets
+from attncompiler.varlen import check_replays
+
+from _graphs import capture, replay  # shared with test_gpu_cuda_graphs.py
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -37,19 +39,6 @@ def _offsets(lens) -> torch.Tensor:
     return torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
 
 
-def _capture(run):
-    """(graph, what ``run()`` returned while captured), after a warm-up call on a side stream (compiles, loads)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        res = run()
-    return g, res
-
-
 def _spec(name: str) -> ac.AttentionSpec:
     return {"causal": presets.causal(D), "window": presets.sliding_window(100, D),
             "dropout": ac.AttentionSpec(head_dim=D, causal=True, dropout_p=0.2, name="dropout")}[name]
@@ -67,20 +56,14 @@ def test_gpu_captured_packed_forward_follows_new_cu_seqlens(schedule: str, name:
     kern = ac.compile(_spec(name), schedule)
     q, k, v = _inputs(0)
     cu = _offsets(PACKINGS[0])
-    g, out = _capture(lambda: kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=MAX, max_seqlen_k=MAX))
+    g, out = capture(lambda: kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=MAX, max_seqlen_k=MAX))
     state = kern.last_rng_state if name == "dropout" else None
     assert name != "dropout" or (kern.last_seed is None and state is not None and state.is_cuda)
     for i, lens in enumerate(PACKINGS):
         cu.copy_(_offsets(lens))
         for t, new in zip((q, k, v), _inputs(i + 1)):
             t.copy_(new)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        kw = {}
-        if state is not None:
-            seed, offset = state.tolist()
-            kw = {"seed": seed, "offset": offset}
+        kw = replay(g, (out,), state)
         want = kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, **kw)  # eager: host-checked, max from cu_seqlens
         assert torch.equal(out, want), f"{schedule} {name} packing {lens}: the replay differs from the eager call"
     check_replays()
@@ -101,7 +84,7 @@ def test_gpu_captured_packed_training_step_follows_new_cu_seqlens(schedule: str,
         out = kern(*leaves, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, deterministic=True, **kw)
         return (out, *torch.autograd.grad(out, leaves, go))
 
-    g, res = _capture(lambda: step(max_seqlen_q=MAX, max_seqlen_k=MAX))
+    g, res = capture(lambda: step(max_seqlen_q=MAX, max_seqlen_k=MAX))
     state = kern.last_rng_state if dropout else None
     for i, (lq, lk) in enumerate(zip(QUERIES, PACKINGS)):
         cu_q.copy_(_offsets(lq))
@@ -109,15 +92,7 @@ def test_gpu_captured_packed_training_step_follows_new_cu_seqlens(schedule: str,
         with torch.no_grad():
             for t, new in zip(leaves, _inputs(20 + i)):
                 t.copy_(new)
-        for t in res:
-            t.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        kw = {}
-        if state is not None:
-            seed, offset = state.tolist()
-            kw = {"seed": seed, "offset": offset}
-        want = step(**kw)
+        want = step(**replay(g, res, state))
         for j, (a, b) in enumerate(zip(res, want)):
             assert torch.equal(a, b), f"{schedule} dropout={dropout} packing {i} tensor {j}: differs from eager"
         idle = [b for b in range(len(lq)) if lq[b] == 0 and lk[b] > 0]
@@ -140,7 +115,7 @@ def test_gpu_inconsistent_cu_seqlens_in_a_replay_are_clamped_and_reported(schedu
         out = kern(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=MAX, max_seqlen_k=MAX)
         return (out, *torch.autograd.grad(out, leaves, go))
 
-    g, res = _capture(step)
+    g, res = capture(step)
     bad = [(400, 37, 50, 25), None, None]  # longer than MAX = 320; then raw offsets below
     raw = [None, [0, -5, 9999, 3, TOTAL], [7, 100, 90, 2**31 - 1, -2**31]]
     for i, (lens, offs) in enumerate(zip(bad, raw)):
