@@ -251,3 +251,25 @@ def test_sequence_of_rows_matches_the_offsets_and_stays_in_range() -> None:
     garbage = torch.tensor([7, 100, -90, 2**31 - 1, -2**31], dtype=torch.int32)  # what a graph replay may hold
     seq = _sequence_of_rows(garbage, 50)
     assert seq.shape == (50,) and int(seq.min()) >= 0 and int(seq.max()) <= 3
+
+
+def test_launch_fields_of_a_packed_call() -> None:
+    """A packed launch passes the packed row totals (the kernels clamp each sequence's view into them) and the error
+    word's address only when the host did not check cu_seqlens (a captured call)."""
+    from attncompiler.runtime.launch import AttnInputs, pack_params
+    from attncompiler.runtime.params import PARAM_FIELDS, c_struct
+    from attncompiler.runtime.varlen import VarlenInputs, _as4, _set_cu
+
+    text = c_struct("AttnParams", PARAM_FIELDS)
+    for field in ("int total_q;", "int total_k;", "int* varlen_errors;"):
+        assert field in text
+    q = torch.randn(12, 2, 64).to(torch.bfloat16)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    P, _ = pack_params(*(_as4(q),) * 4, None, None, AttnInputs(2, 2, 2, 7, 7, 64, 64), scale=1.0, dropout_p=0.0,
+                       seed=0, offset=0, ir=build_ir(ac.AttentionSpec(64)), buffers=[])
+    for errors, want in ((0, None), (0x1000, 0x1000)):
+        vi = VarlenInputs(2, 2, 2, 12, 9, 7, 7, 64, 64, None if errors else (0, 5, 12), None if errors else (0, 4, 9),
+                          errors)
+        _set_cu(P, cu, cu, vi)
+        assert (P.total_q, P.total_k, P.varlen_errors) == (12, 9, want)
+        assert P.cu_seqlens_q == cu.data_ptr() and P.q_sb == 0
