@@ -4,8 +4,8 @@ captured and replayed, dropout included: its [seed, offset] pair is made on the 
 kernels there, so every replay drops a fresh mask (attncompiler/runtime/rng.py). Packed sequences without max_seqlen
 (cu_seqlens read on the host for the grid) are kept out of inductor's graphs (their ops carry the ``cudagraph_unsafe``
 tag: the graph is split around them); with both max_seqlen the step is graphed whole (tests/test_gpu_varlen_graphs.py
-replays such calls on new cu_seqlens). Every step on new inputs matches the eager step (at the same seed, for dropout). Captured buffers must be on
-the GPU there: a CPU one (ALiBi's slopes made on the CPU) is saved for the backward as a CPU tensor, and inductor
+replays such calls on new cu_seqlens). Every step on new inputs matches the eager step (at the same seed, for
+dropout). Captured buffers must be on the GPU there: a CPU one (ALiBi's slopes made on the CPU) is saved for the backward as a CPU tensor, and inductor
 refuses to graph such a step ("Expected all cuda outputs in cuda graph recording"; measured on an H200, 2026-11-30)."""
 from __future__ import annotations
 

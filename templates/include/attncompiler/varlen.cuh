@@ -5,8 +5,9 @@
 //
 // Layout (FlashAttention's varlen API): q (total_q, H, D), k (total_k, H_kv, D), v (total_k, H_kv,
 // DV), out (total_q, H, DV); sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key
-// rows [cu_seqlens_k[b], cu_seqlens_k[b+1]). The launcher passes p.B = number of sequences and
-// p.Nq / p.Nk = the longest sequence (grid size) and p.total_q / p.total_k = the packed rows. At entry each CTA rewrites its copy of the params
+// rows [cu_seqlens_k[b], cu_seqlens_k[b+1]). The launcher passes p.B = number of sequences,
+// p.Nq / p.Nk = the longest sequence (grid size) and p.total_q / p.total_k = the packed rows. At
+// entry each CTA rewrites its copy of the params
 // into the view of one sequence -- base pointers moved to the sequence's first row, batch strides 0,
 // Nq / Nk its own lengths -- and the schedule's body runs unchanged on it: the Variant hooks see
 // the sequence index as b, sequence-local q_idx / kv_idx, and Q_LEN / KV_LEN (p.Nq / p.Nk) of this
