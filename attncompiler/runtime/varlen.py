@@ -153,7 +153,6 @@ def _check_max(name: str, given: Any, actual: int) -> int:
 # _replayed: the devices whose captured launches carry its address (only those can have set it).
 _error_words: dict[int, torch.Tensor] = {}
 _replayed: set[int] = set()
-_BAD_OFFSETS = 1
 
 
 def _error_word(index: int) -> torch.Tensor:
