@@ -20,7 +20,7 @@ from .runtime import fastpath as _fastpath
 from .runtime import spills as _spills
 from .runtime.compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
 from .runtime.launch import InputError, check_inputs, check_out, device_index, pack_params, prepare_buffers
-from .runtime.rng import device_rng, device_rng_variant
+from .runtime.rng import captured_rng, device_rng_variant
 from .spec.spec import AttentionSpec
 
 __all__ = ["compile", "attention", "CompiledAttention", "clear_caches"]
@@ -274,8 +274,8 @@ class CompiledAttention:
         p_drop = self.ir.dropout_p if dropout_p is None else float(dropout_p)
         self._check_dropout(p_drop)
         sc = self.ir.scale if scale is None else float(scale)
-        if p_drop > 0 and seed is None and rng_state is None and torch.cuda.is_current_stream_capturing():
-            rng_state = device_rng(None, offset, q.device)  # a host seed would be the same on every replay
+        if rng_state is None:
+            rng_state = captured_rng(p_drop, seed, offset, q.device)
         ks = self.kernel_source
         if rng_state is not None:
             seed, ks, record_in = None, device_rng_variant(ks), None  # (kernels that read the pair; not recorded)

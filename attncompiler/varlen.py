@@ -347,14 +347,11 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
                                                  for t in (q, k, v, *buffers.values()))
     if not (needs_grad or torch.compiler.is_compiling()):
-        from .runtime.rng import device_rng
+        from .runtime.rng import captured_rng
         from .runtime.varlen import run_varlen_forward
 
-        rng_state = None
-        if p_drop > 0 and seed is None and isinstance(q, Tensor) and q.is_cuda \
-                and torch.cuda.is_current_stream_capturing():
-            rng_state = device_rng(None, offset, q.device)  # a host seed would be the same on every replay
-        elif seed is None:
+        rng_state = captured_rng(p_drop, seed, offset, q.device) if isinstance(q, Tensor) else None
+        if rng_state is None and seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
         o, lse = run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                     max_seqlen_q, max_seqlen_k, buffers, scale=sc, dropout_p=p_drop,

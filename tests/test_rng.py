@@ -10,7 +10,8 @@ import torch
 from attncompiler import autograd
 from attncompiler.ir.build import build_ir
 from attncompiler.runtime.launch import AttnInputs, pack_params
-from attncompiler.runtime.rng import device_rng, host_values, rng_parts, signed64, wants_device_rng
+from attncompiler.runtime import rng as rng_mod
+from attncompiler.runtime.rng import captured_rng, device_rng, host_values, rng_parts, signed64, wants_device_rng
 from attncompiler.spec import presets
 
 CPU = torch.device("cpu")
@@ -50,6 +51,23 @@ def test_rng_parts() -> None:
     assert rng_parts(torch.tensor([-1, -2])) == (2**64 - 1, 2**64 - 2, None)
     assert autograd.uses_graph_safe_rng(None)
     assert not autograd.uses_graph_safe_rng(torch.tensor([5, 7]))
+
+
+def test_captured_rng_only_for_a_random_seed_call_under_capture(monkeypatch) -> None:
+    """The one rule both forwards (padded and packed) follow: a device pair for a dropout call without a seed while
+    the stream captures; None (host values) otherwise: no capture, a CPU device, no dropout, or a fixed seed."""
+    cuda = torch.device("cuda", 0)
+    drawn: list[tuple] = []
+    monkeypatch.setattr(rng_mod, "device_rng", lambda s, o, d: drawn.append((s, o, d)) or torch.tensor([1, o]))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert captured_rng(0.1, None, 3, cuda) is None
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert captured_rng(0.0, None, 3, cuda) is None
+    assert captured_rng(0.1, 42, 3, cuda) is None
+    assert captured_rng(0.1, None, 3, CPU) is None
+    assert drawn == []
+    assert captured_rng(0.1, None, 3, cuda).tolist() == [1, 3]
+    assert drawn == [(None, 3, cuda)]
 
 
 @pytest.mark.parametrize("state", [None, torch.tensor([123, 4], dtype=torch.int64)])

@@ -67,6 +67,14 @@ def device_rng(seed: Optional[int], offset: int, device: torch.device) -> torch.
     return torch.cat([s, off])
 
 
+def captured_rng(p_drop: float, seed: Optional[int], offset: int, device: torch.device) -> Optional[torch.Tensor]:
+    """The device pair a dropout call without a seed draws while torch's current stream captures a CUDA graph
+    (a host seed would drop the same mask on every replay); None for every other call, which keeps host values."""
+    if p_drop > 0 and seed is None and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return device_rng(None, offset, device)
+    return None
+
+
 def host_values(rng: Optional[torch.Tensor]) -> tuple[int, int]:
     """(seed, offset) of a pair as unsigned 64-bit values, read on the host (a device sync for a GPU pair); (0, 0)
     without dropout."""

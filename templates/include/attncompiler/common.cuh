@@ -28,6 +28,10 @@
 // Clamp a buffer index into [0, n): a mod that indexes out of range reads the edge element.
 AC_HOST_DEVICE __forceinline__ int ac_clamp(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 
+// A packed sequence's first row, clamped into the packed rows [0, total] (varlen.cuh's views and v3_rows.cuh's
+// TMA rows: a CUDA graph replay may see any cu_seqlens, and no address may leave the packed tensors).
+__device__ __forceinline__ int varlen_start(int start, int total) { return min(max(start, 0), total); }
+
 // Floor division and modulo with Python semantics (the tracer's // and %).
 AC_HOST_DEVICE __forceinline__ int ac_floordiv(int a, int b) {
   int q = a / b;

@@ -2,7 +2,7 @@
 // and the forward's work tiles (v3_tile).
 //
 // Requires (from the prelude): struct AttnParams (cu_seqlens_q / cu_seqlens_k, total_q / total_k, B, H), and
-// Cfg::VARLEN.
+// Cfg::VARLEN; attncompiler/common.cuh (varlen_start).
 #pragma once
 
 namespace ac {
@@ -17,8 +17,8 @@ struct V3Rows {
   int q_start = 0, k_start = 0, batch = 0;
   __device__ __forceinline__ V3Rows(const AttnParams& p, int b) {
     if constexpr (Cfg::VARLEN) {
-      q_start = min(max(p.cu_seqlens_q[b], 0), p.total_q);  // clamped as varlen.cuh's varlen_view clamps it
-      k_start = min(max(p.cu_seqlens_k[b], 0), p.total_k);
+      q_start = varlen_start(p.cu_seqlens_q[b], p.total_q);  // (common.cuh: the clamp varlen_view applies)
+      k_start = varlen_start(p.cu_seqlens_k[b], p.total_k);
     } else {
       batch = b;
     }

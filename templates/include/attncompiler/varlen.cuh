@@ -43,9 +43,6 @@ struct VarlenSeq {
 // sequence longer than the launch's max_seqlen.
 #define AC_VARLEN_BAD_OFFSETS 1
 
-// A sequence's first row, clamped into the packed rows [0, total].
-__device__ __forceinline__ int varlen_start(int start, int total) { return min(max(start, 0), total); }
-
 // Rows [start, end) of one sequence, clamped so that every row the kernels address lies in [0, total) and no
 // sequence exceeds the grid's max_len; ok is false when clamping changed anything.
 __device__ __forceinline__ int varlen_len(int start, int end, int total, int max_len, bool& ok) {
