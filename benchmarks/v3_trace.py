@@ -26,6 +26,8 @@ session). Compare a traced figure with the untraced kernel's time (``launch_gaps
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 import torch
@@ -51,14 +53,24 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
     d_s, var, *opts = item.split(":")
     d = int(d_s)
     options = {key: option_value(val) for key, val in (o.split("=") for o in opts)}
+    deal = options.pop("deal", None)  # tile_list's dealing rule (runtime/tile_list.py DEALS), as in v3_sweep.py
     H = 2048 // d
     kern = ac.compile(spec if spec is not None else _spec(var, d, H, max(n, nk)), "v3", **options)
     ks = kern.kernel_source
     q = torch.randn(1, H, n, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, H, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    rows = run_traced(kern, q, k, v, defines=defines, warmup=3)
+    from attncompiler.runtime import tile_list
+
+    before, tile_list.DEAL = tile_list.DEAL, deal or tile_list.DEAL
+    try:
+        rows = run_traced(kern, q, k, v, defines=defines, warmup=3)
+    finally:
+        tile_list.DEAL = before
     plan = ks.plan
     tiles = [dict(zip(SLOTS, map(int, r[: len(SLOTS)]))) for r in rows if r[7] != 0]
+    if os.environ.get("OUT"):  # every tile's marks, for analyses this summary does not make
+        with open(os.path.join(os.environ["OUT"], f"trace_{item.replace(':', '_').replace('=', '-')}.json"), "w") as f:
+            json.dump(tiles, f)
     us = 1e-3
     ph: dict[str, list[float]] = {k: [] for k in ("launch->Q", "S0", "softmax0", "per block", "last PV",
                                                   "epilogue", "  1/l, LSE", "  O to smem", "  barrier",
@@ -95,11 +107,20 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
     t1 = max(max(t["epi0"], t["epi1"]) for t in tiles)
     out = {name: _median(xs) for name, xs in ph.items()}
     out["span"] = (t1 - t0) * us
+    if plan.persistent:  # the grid's tail: each CTA's last epilogue against the launch's last one
+        ends: dict[int, int] = {}
+        for t in tiles:
+            if t["cta"]:  # (0: not recorded)
+                ends[t["cta"]] = max(ends.get(t["cta"], 0), t["epi0"], t["epi1"])
+        idle = sorted((t1 - e) * us for e in ends.values())
+        out["tail idle"] = sum(idle) / (len(idle) * out["span"])  # share of the CTAs' span spent done
+        print(f"  CTA ends before the last: min {idle[0]:.2f}  median {_median(idle):.2f}  max {idle[-1]:.2f} us; "
+              f"idle share of the span {out['tail idle']:.3f} ({len(idle)} CTAs)", flush=True)
     out["tiles"] = float(len(tiles))
     print(f"{item} Nq={n} Nk={nk}: BN={plan.block_n} stages={plan.stages}"
           f"{' persistent' if plan.persistent else ''}, {len(tiles)} tiles, span {out['span']:.1f} us", flush=True)
     for name, val in out.items():
-        if name not in ("span", "tiles"):
+        if name not in ("span", "tiles", "tail idle"):
             print(f"  {name:12s} {val:8.2f}", flush=True)
     return out
 
