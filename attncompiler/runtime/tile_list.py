@@ -12,7 +12,9 @@ key blocks on 132 CTAs) keeps the SMs busy 94.5 % of the kernel's time by the co
 robin's assignment either way. In order, the tiles that run at the same time stay neighbours in the kernel's order
 (one head's K/V in L2); LPT gathers the short tiles of every head at the end. Measured (H200, 2026-11-29, window 1024
 d128, round robin / in order / LPT, TFLOP/s): N = 16k 471.7 / 484.4 / 487.2, N = 4096 462.2 / 475.3 / 473.6, N = 2048
-444.9 / 464.7 / 443.8. A tile's cost is its visited K/V blocks (from the mask's K/V range, as the kernel's walk)
+444.9 / 464.7 / 443.8. Again on 2026-11-30 (``benchmarks/deal_timing.py``; LPT's time over in order's): 1.00 under
+do_bench and 0.98 back to back at N = 16k, 1.04 at N = 2048 (docs/perf-notes.md, forty-seventh session). A tile's
+cost is its visited K/V blocks (from the mask's K/V range, as the kernel's walk)
 plus :data:`TILE_BOUNDARY_BLOCKS` for its start and end.
 
 :func:`tile_list` returns the device tensor the kernel reads (``int32``): ``G + 1`` slot offsets (CTA c runs slots
@@ -32,7 +34,8 @@ __all__ = ["TILE_BOUNDARY_BLOCKS", "DEALS", "deal_tiles", "deal_in_order", "tile
 
 #: a tile's start and end (its first S GEMM and softmax, last P V and epilogue) in K/V blocks of the main loop:
 #: traced on an H200 (2026-11-29, docs/perf-notes.md, thirty-second session) 2.94 us per tile boundary against
-#: 1.44 us per block of dense 9-block tiles at d = 128
+#: 1.44 us per block of dense 9-block tiles at d = 128. The window's tiles traced on 2026-11-30 took 1.6 k + 1.5 us for
+#: k blocks, nearer one block; LPT deals the same tiles with either weight (N = 2048, 4096, 16k).
 TILE_BOUNDARY_BLOCKS = 2
 #: how :func:`tile_list` deals: "lpt" (:func:`deal_tiles`) or "in_order" (:func:`deal_in_order`); benchmarks switch it
 DEAL = "in_order"
