@@ -33,7 +33,7 @@ import sys
 import torch
 from _results import option_value
 
-from attncompiler.bench.v3trace import SLOTS, tile_boundaries
+from attncompiler.bench.v3trace import SLOTS, grid_tail, tile_boundaries
 
 
 def _median(xs: list[float]) -> float:
@@ -108,11 +108,7 @@ def trace_item(item: str, n: int, nk: int, spec=None, defines: tuple[str, ...] =
     out = {name: _median(xs) for name, xs in ph.items()}
     out["span"] = (t1 - t0) * us
     if plan.persistent:  # the grid's tail: each CTA's last epilogue against the launch's last one
-        ends: dict[int, int] = {}
-        for t in tiles:
-            if t["cta"]:  # (0: not recorded)
-                ends[t["cta"]] = max(ends.get(t["cta"], 0), t["epi0"], t["epi1"])
-        idle = sorted((t1 - e) * us for e in ends.values())
+        idle = [x * us for x in grid_tail(tiles)]
         out["tail idle"] = sum(idle) / (len(idle) * out["span"])  # share of the CTAs' span spent done
         print(f"  CTA ends before the last: min {idle[0]:.2f}  median {_median(idle):.2f}  max {idle[-1]:.2f} us; "
               f"idle share of the span {out['tail idle']:.3f} ({len(idle)} CTAs)", flush=True)

@@ -474,6 +474,21 @@ def test_memory_section_oom_stops_that_impl() -> None:
     assert st[("sdpa_math", 4096)] == "oom" and st[("sdpa_math", 8192)] == "skipped" and st[("v2", 8192)] == "ok"
 
 
+def test_v3_trace_grid_tail_is_each_ctas_wait_for_the_last() -> None:
+    """The grid's tail: per CTA, the launch's last epilogue mark (either consumer's) minus the CTA's own last one;
+    tiles without a recorded CTA drop out."""
+    from attncompiler.bench.v3trace import SLOTS, grid_tail
+
+    def tile(cta: int, epi0: int, epi1: int) -> dict[str, int]:
+        row = dict.fromkeys(SLOTS, 0)
+        row.update(cta=cta, epi0=epi0, epi1=epi1)
+        return row
+
+    tiles = [tile(1, 100, 120), tile(1, 300, 290), tile(2, 250, 260), tile(3, 400, 420), tile(0, 999, 999)]
+    assert grid_tail(tiles) == [0, 420 - 300, 420 - 260]
+    assert grid_tail([]) == []
+
+
 def test_v3_trace_boundaries_follow_each_ctas_own_tiles() -> None:
     """The tracer's tile boundary pairs a tile with the next tile its own CTA ran (the trace's ``cta`` slot, in the
     order of their first softmax), whatever the tile numbers; tiles without a CTA or without K/V blocks drop out."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["run_traced", "TRACE_TILES", "SLOT_BLOCKS", "SLOTS", "tile_boundaries"]
+__all__ = ["run_traced", "TRACE_TILES", "SLOT_BLOCKS", "SLOTS", "tile_boundaries", "grid_tail"]
 
 TRACE_TILES = 8192   # AC_V3_TRACE_TILES: tiles past it are not recorded
 SLOT_BLOCKS = 9      # kTraceBlocks: K/V blocks consumer 0 visited
@@ -34,6 +34,17 @@ def tile_boundaries(tiles: list[dict[str, int]]) -> list[int]:
         run.sort(key=lambda t: t["softmax0"])
         out += [nxt["softmax0"] - t["loop"] for t, nxt in zip(run, run[1:])]
     return out
+
+
+def grid_tail(tiles: list[dict[str, int]]) -> list[int]:
+    """The persistent grid's tail, in timer ticks: for each CTA (slot ``cta``; 0: not recorded), the launch's last
+    epilogue mark minus the CTA's own last one, smallest first (0 for the CTA that ends the launch)."""
+    ends: dict[int, int] = {}
+    for t in tiles:
+        if t.get("cta"):
+            ends[t["cta"]] = max(ends.get(t["cta"], 0), t["epi0"], t["epi1"])
+    last = max(ends.values(), default=0)
+    return sorted(last - e for e in ends.values())
 
 
 def run_traced(kern: Any, q: Any, k: Any, v: Any, *, defines: tuple[str, ...] = (), warmup: int = 1,
