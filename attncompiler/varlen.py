@@ -148,10 +148,13 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
         return o.to(q.dtype).contiguous(), lse.contiguous()
     from .runtime.varlen import run_varlen_forward
 
+    from .autograd import _own_buffers
+
     with torch.no_grad():
         return run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                   _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
-                                  seed=seed, offset=offset, rng_state=rng_state)
+                                  seed=seed, offset=offset, rng_state=rng_state,
+                                  recipes=kern._recipes if _own_buffers(kern, bufs) else None)
 
 
 # Tagged cudagraph_unsafe: a call without max_seqlen reads cu_seqlens on the host for its grid, and a CPU dropout
@@ -218,7 +221,8 @@ def _varlen_bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                                _max(max_seqlen_q), _max(max_seqlen_k), bufs, scale=scale, dropout_p=dropout_p,
                                seed=seed, offset=offset, deterministic=deterministic,
                                options=getattr(kern, "backward_options", None), poison=autograd.POISON_GRADS,
-                               rng_state=rng_state)
+                               rng_state=rng_state,
+                               recipes=kern._bwd_recipes if autograd._own_buffers(kern, bufs) else None)
 
 
 _varlen_bwd = torch.library.custom_op("attncompiler::attention_varlen_bwd", mutates_args=(),
@@ -353,9 +357,11 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
         rng_state = captured_rng(p_drop, seed, offset, q.device) if isinstance(q, Tensor) else None
         if rng_state is None and seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if p_drop > 0 else 0
+        own = autograd._own_buffers(kern, buffers)
         o, lse = run_varlen_forward(kern.ir, kern.target, kern.kernel_source, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                     max_seqlen_q, max_seqlen_k, buffers, scale=sc, dropout_p=p_drop,
-                                    seed=seed or 0, offset=offset, out=out, rng_state=rng_state)
+                                    seed=seed or 0, offset=offset, out=out, rng_state=rng_state,
+                                    recipes=kern._recipes if own else None)
         kern.last_seed, kern.last_offset, kern.last_rng_state = seed, offset, rng_state
         return (o, lse) if return_lse else o
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .fastpath import buffer_versions, remember, remembered
+from .fastpath import buffer_versions, remembered
 from .launch import launch_structs
 
 __all__ = ["BackwardRecipe", "signature", "run", "record", "like_layout", "stats"]
@@ -35,8 +35,11 @@ stats = {"hits": 0}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def like_layout(ref: torch.Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype) -> torch.Tensor:
-    """An empty (B, H, N, d) tensor in ref's memory layout (heads inner if ref is (B, N, H, d) storage)."""
+def like_layout(ref: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty (B, H, N, d) tensor in ref's memory layout (heads inner if ref is (B, N, H, d) storage); a packed
+    (total rows, H, d) shape is contiguous."""
+    if len(shape) == 3:  # packed rows (total, H, d): always contiguous
+        return torch.empty(shape, device=ref.device, dtype=dtype)
     B, H, N, d = shape
     if ref.stride(1) < ref.stride(2):
         return torch.empty(B, N, H, d, device=ref.device, dtype=dtype).transpose(1, 2)
@@ -56,9 +59,9 @@ class BackwardRecipe:
     bp_template: bytes
     bptype: type[ctypes.Structure]
     bufs: Any  # the buffers struct of the recording call (its device copies and tables kept alive in it)
-    dq_shape: tuple[int, int, int, int]
-    dk_shape: tuple[int, int, int, int]
-    dv_shape: tuple[int, int, int, int]
+    dq_shape: tuple[int, ...]  # (B, H, N, d), or (total rows, H, d) for packed sequences
+    dk_shape: tuple[int, ...]
+    dv_shape: tuple[int, ...]
     dtype: torch.dtype
     ws_shape: tuple[int, int]
     dq_accum_shape: tuple[int, ...] | None  # the fp32 accumulator of atomic dQ modes
@@ -91,14 +94,14 @@ def _maps_by_pointers(build: Callable[[ctypes.Structure, ctypes.Structure], Any]
     return remembered(build, lambda P, bp: (P.q, P.k, P.v, bp.dout))
 
 
-def record(recipes: dict, key: tuple, *, src: Any, fns: Mapping[str, Any], grids: Mapping[str, tuple[int, int, int]],
+def record(*, src: Any, fns: Mapping[str, Any], grids: Mapping[str, tuple[int, int, int]],
            P: ctypes.Structure, bp: ctypes.Structure, Bf: ctypes.Structure, has_maps: bool,
            build_maps: Callable[[ctypes.Structure, ctypes.Structure], Any], turn_counters: Callable | None,
            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dq: torch.Tensor | None, dk: torch.Tensor,
            dv: torch.Tensor, ws: torch.Tensor, dq_accum: torch.Tensor | None, device_index: int,
-           buffers: Mapping[str, Any], keep: tuple[Any, ...]) -> None:
-    """Store the recipe of a backward the full path just launched with ``P`` and ``bp`` (``grids``: per entry,
-    as launched; an empty grid is left out)."""
+           buffers: Mapping[str, Any], keep: tuple[Any, ...]) -> BackwardRecipe:
+    """The recipe of a backward the full path just launched with ``P`` and ``bp`` (``grids``: per entry, as
+    launched; an empty grid is left out); the caller stores it (:func:`.fastpath.remember`)."""
     launches = []
     for e in src.entries:
         if grids[e][0] == 0:
@@ -106,20 +109,21 @@ def record(recipes: dict, key: tuple, *, src: Any, fns: Mapping[str, Any], grids
         nargs = 2 if not src.takes_buffers(e) else (4 if has_maps else 3)
         launches.append((fns[e].ptr, tuple(grids[e]), src.threads(e), src.smem(e), nargs))
     rows_accum = dq is None
-    r = BackwardRecipe(
+    return BackwardRecipe(
         tuple(launches), device_index, bytes(P), type(P), bytes(bp), type(bp), Bf,
         tuple(q.shape), tuple(dk.shape), tuple(dv.shape), dk.dtype, tuple(ws.shape),
         tuple(dq_accum.shape) if dq_accum is not None else None, rows_accum, turn_counters,
         _maps_by_pointers(build_maps) if has_maps else None, buffer_versions(buffers), keep)
-    remember(recipes, key, r)
 
 
 def run(r: BackwardRecipe, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, seed: int, offset: int,
-        buffers: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        buffers: Mapping[str, Any], finish: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Launch ``r`` for these tensors: (dq, dk, dv), or None when the full path must run: a base pointer not 16-byte
     aligned (that path copies or refuses), a captured buffer changed in place since the recording, or CUDA graph
-    capture."""
+    capture. ``finish(dq, dk, dv, dq_accum)``, when given, does the work after the launches and returns the
+    gradients (packed sequences: :mod:`.varlen_fastpath`); else a row-major accumulator is copied into dq."""
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr())
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 or buffer_versions(buffers) != r.buffer_versions:
         return None
@@ -158,6 +162,8 @@ def run(r: BackwardRecipe, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         with torch.cuda.device(idx):
             _launch_all(r, P, bp, maps, idx)
     del owner  # (the caching allocator reuses it only after the launches queued on this stream)
+    if finish is not None:
+        return finish(dq, dk, dv, dq_accum)
     if r.rows_accum:
         dq = like_layout(q, r.dq_shape, r.dtype).copy_(dq_accum)
     return dq, dk, dv  # type: ignore[return-value]

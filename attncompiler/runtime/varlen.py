@@ -31,6 +31,7 @@ a view that had to be clamped ORs a bit into a per-device error word.  The next 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ from ..ir.types import AttentionIR
 from ..plan.targets import Target
 from ..plan.v3_grid import without_persistent_grid
 from .compiler import LoadedKernel, allow_dynamic_smem, compile_kernel
-from .launch import (AttnInputs, InputError, check_index_limit, check_out, device_index, launch, pack_params,
+from . import fastpath
+from . import varlen_fastpath as vfast
+from .launch import (AttnInputs, InputError, check_index_limit, check_out, device_index, pack_params,
                      prepare_buffers)
 
 if TYPE_CHECKING:
@@ -365,10 +368,20 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
                        k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                        max_seqlen_q: int | None, max_seqlen_k: int | None, buffers: Mapping[str, torch.Tensor], *,
                        scale: float, dropout_p: float, seed: int, offset: int,
-                       out: torch.Tensor | None = None,
-                       rng_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       out: torch.Tensor | None = None, rng_state: torch.Tensor | None = None,
+                       recipes: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (total_q, H, DV), lse (H, total_q) float32) of a packed batch.  ``rng_state``: dropout's [seed, offset]
-    on the device, read by the kernels in place of ``seed`` and ``offset`` (runtime/rng.py)."""
+    on the device, read by the kernels in place of ``seed`` and ``offset`` (runtime/rng.py).  ``recipes``: a table
+    of recorded launches (:mod:`.varlen_fastpath`) for calls whose ``buffers`` are the kernel's own."""
+    key = None
+    if recipes is not None and rng_state is None:  # (recordings hold the by-value seed's kernels)
+        key = vfast.forward_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout_p, out)
+        hit = recipes.get(key) if key is not None else None
+        if hit is not None and not torch.cuda.is_current_stream_capturing():  # (a capture takes the full path)
+            check_replays(q.device)  # (as the full path: a replay's recorded error is raised by the next eager call)
+            done = vfast.run_forward(hit, q, k, v, cu_seqlens_q, cu_seqlens_k, seed, offset, buffers, out)
+            if done is not None:
+                return done
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     if out is not None:
         o = check_out(out, (vi.total_q, vi.H, vi.DV), q)
@@ -395,13 +408,20 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
                         seed=seed, offset=offset, ir=ir, buffers=bufs, rng_state=rng_state)
     _set_cu(P, cu_q, cu_k, vi)
     grid = (-(-vi.max_q // ks.plan.block_m), vi.B * vi.H, 1)
+    if v3:
+        maps = fastpath.maps_by_pointers(lambda P_: _v3_maps(P_, vi, ks), ("q", "k", "v"))
+        args: Any = lambda P_, Bf=Bf: (P_, Bf, maps(P_))
+    else:
+        args = lambda P_, Bf=Bf: (P_, Bf)
+    fl = fastpath.FastLaunch(loaded.ptr, grid, ks.threads, ks.smem_bytes, args, keep=(loaded, Bf))
     with torch.cuda.device(q.device):
-        if v3:
-            from .launch import launch_structs
-
-            launch_structs(loaded.ptr, grid, ks.threads, ks.smem_bytes, (P, Bf, _v3_maps(P, vi, ks)), q.device)
-        else:
-            launch(loaded.ptr, grid, ks.threads, ks.smem_bytes, P, Bf, q.device)
+        fl.launch(P, _dev_index(q))
+    if key is not None and not vi.errors and cu_q is cu_seqlens_q and cu_k is cu_seqlens_k:
+        fastpath.remember(recipes, key, vfast.PackedForward(  # type: ignore[arg-type]
+            fastpath.ForwardRecipe(fl, _dev_index(q), bytes(P), type(P), tuple(o.shape), False, tuple(lse.shape),
+                                   dropout_p, o.dtype, o.device, 0, fastpath.buffer_versions(buffers),
+                                   keep=(bufs,)),
+            vfast.CuSeqlens.of(cu_q, cu_k)))
     return o, lse
 
 
@@ -472,13 +492,28 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
                         max_seqlen_k: int | None, buffers: Mapping[str, torch.Tensor], *, scale: float,
                         dropout_p: float, seed: int, offset: int, deterministic: bool = False,
                         options: Mapping[str, Any] | None = None, poison: bool = False,
-                        rng_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        rng_state: torch.Tensor | None = None,
+                        recipes: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq (total_q, H, D), dk (total_k, H_kv, D), dv (total_k, H_kv, DV) of a packed batch (the backward
     kernels :func:`bwd_source` picks, rendered with ``varlen=True``).  ``poison`` NaN-fills the outputs first;
-    ``rng_state`` as in :func:`run_varlen_forward`."""
+    ``rng_state`` and ``recipes`` as in :func:`run_varlen_forward`."""
     from .backward import bwd_params, bwd_source, launch_bwd, load_bwd, tma_checked_source, turn_counters
+    from .bwd_fastpath import record
     from .rng import device_rng_variant
 
+    key = None
+    if recipes is not None and not poison and rng_state is None:
+        key = vfast.backward_key(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, scale, dropout_p, deterministic, options)
+        hit = recipes.get(key) if key is not None else None
+        if hit is not None and not torch.cuda.is_current_stream_capturing():
+            check_replays(q.device)
+            done = vfast.run_backward(hit, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seed, offset,
+                                      buffers, lambda dq, dk, dv, acc, vi, ra: _finish_backward(
+                                          dq, dk, dv, acc, cu_seqlens_q, cu_seqlens_k, vi, ra, q.dtype))
+            if done is not None:
+                return done
+    as_given = (dout, out, lse, dlse, cu_seqlens_q, cu_seqlens_k)  # recorded only if used as given (no copies)
     vi = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ir)
     want = (vi.total_q, vi.H, vi.DV)
     for name, t in (("dout", dout), ("out", out)):
@@ -526,9 +561,27 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     _set_cu(P, cu_q, cu_k, vi)
     sem, sem_owner = turn_counters(src, dims, q.device)
     bp = bwd_params(_as4(dout), None if dq is None else _as4(dq), _as4(dk), _as4(dv), dq_accum, dlse, ws, nq_pad, sem)
-    launch_bwd(src, fns, dims, P, bp, Bf, src.maps(P, bp, dims, packed_rows=(vi.total_q, vi.total_k)), q.device)
+    rows = (vi.total_q, vi.total_k)
+    maps = src.maps(P, bp, dims, packed_rows=rows)
+    launch_bwd(src, fns, dims, P, bp, Bf, maps, q.device)
     del sem_owner
+    if key is not None and not vi.errors and all(a is b for a, b in zip((dout, out, lse, dlse, cu_q, cu_k),
+                                                                        as_given)):
+        counters = functools.partial(turn_counters, src, dims) if src.turn_counters(dims) else None
+        fastpath.remember(recipes, key, vfast.PackedBackward(record(  # type: ignore[arg-type]
+            src=src, fns=fns, grids=src.grids(dims), P=P, bp=bp, Bf=Bf, has_maps=maps is not None,
+            build_maps=lambda P_, bp_: src.maps(P_, bp_, dims, packed_rows=rows), turn_counters=counters, q=q, k=k,
+            v=v, dq=dq, dk=dk, dv=dv, ws=ws, dq_accum=dq_accum, device_index=_dev_index(q), buffers=buffers,
+            keep=(bufs, fns)), vfast.CuSeqlens.of(cu_q, cu_k), vi, rows_accum))
+    return _finish_backward(dq, dk, dv, dq_accum, cu_q, cu_k, vi, rows_accum, q.dtype)
+
+
+def _finish_backward(dq: torch.Tensor | None, dk: torch.Tensor, dv: torch.Tensor, dq_accum: torch.Tensor | None,
+                     cu_q: torch.Tensor, cu_k: torch.Tensor, vi: VarlenInputs, rows_accum: bool,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed backward's work after its kernels, on the full path and from a recording alike: dK, dV <- 0 on
+    the key rows of sequences without queries; dQ gathered from a row-major accumulator (``rows_accum``)."""
     _zero_keys_without_queries(dk, dv, cu_q, cu_k, vi)
     if rows_accum:
-        dq = _gather_dq(dq_accum, cu_q, vi, q.dtype)  # type: ignore[arg-type]
+        dq = _gather_dq(dq_accum, cu_q, vi, dtype)  # type: ignore[arg-type]
     return dq, dk, dv  # type: ignore[return-value]
