@@ -1,8 +1,9 @@
 """Host cost of packed-sequence calls while the GPU is busy (so no launch waits on the GPU): microseconds per
-no-grad forward, per autograd forward and per backward, beside the padded calls of the same kernel, then
-cProfile's top functions of the packed calls.
+no-grad forward, per autograd forward and per backward, from their recorded launches and on the full path (the
+recordings dropped before each call), beside the padded calls of the same kernel; then cProfile's top functions of
+the packed calls.
 
-    PYTHONPATH=. python3 benchmarks/host_varlen.py [--head-dim 128] [--calls 200] [--rows 14]
+    PYTHONPATH=. python3 benchmarks/host_varlen.py [--head-dim 128] [--calls 200] [--rows 14] [--rounds 1]
 
 Causal bf16, H = 16, eight sequences of 64-1000 tokens (short kernels, where host time shows). A long
 ``torch.cuda._sleep`` is queued before each loop, so every call only enqueues.
@@ -24,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--rows", type=int, default=14)
+    ap.add_argument("--rows", type=int, default=14, help="cProfile rows (0: no profile)")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args(argv)
     H, D = 16, args.head_dim
     lens = [64, 1000, 300, 512, 77, 640, 128, 900]
@@ -61,17 +63,28 @@ def main(argv: list[str] | None = None) -> int:
     def padded_bwd() -> None:
         torch.autograd.grad(op, (qpg, kpg, vpg), dop, retain_graph=True)
 
-    calls = {"packed forward, no grad": packed_fwd, "packed forward, autograd": packed_fwd_grad,
-             "packed backward": packed_bwd, "padded forward, no grad (1, 16, 1024)": padded_fwd,
-             "padded forward, autograd": padded_fwd_grad, "padded backward": padded_bwd}
+    def full(fn, table):  # the full path: the recordings dropped before each call (which then records again)
+        def call() -> None:
+            table.clear()
+            fn()
+        return call
+
+    calls = {"packed forward, no grad": packed_fwd,
+             "packed forward, no grad, full path": full(packed_fwd, kern._recipes),
+             "packed forward, autograd": packed_fwd_grad,
+             "packed forward, autograd, full path": full(packed_fwd_grad, kern._recipes),
+             "packed backward": packed_bwd, "packed backward, full path": full(packed_bwd, kern._bwd_recipes),
+             "padded forward, no grad (1, 16, 1024)": padded_fwd, "padded forward, autograd": padded_fwd_grad,
+             "padded backward": padded_bwd}
     for fn in calls.values():
         for _ in range(5):
             fn()
     torch.cuda.synchronize()
     print(f"{torch.cuda.get_device_name()}  causal bf16 d={D} H={H} {kern.schedule}, packed lens {lens}", flush=True)
-    for name, fn in calls.items():
-        print(f"  {name:40s} {_busy_time(fn, args.calls):7.1f} us per call on the host", flush=True)
-    for name in ("packed forward, no grad", "packed backward"):
+    for r in range(args.rounds):
+        for name, fn in calls.items():
+            print(f"  round {r}  {name:40s} {_busy_time(fn, args.calls):7.1f} us per call on the host", flush=True)
+    for name in ("packed forward, no grad", "packed backward") if args.rows else ():
         torch.cuda._sleep(2_000_000_000)
         prof = cProfile.Profile()
         prof.enable()

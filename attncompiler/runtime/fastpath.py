@@ -19,8 +19,8 @@ never get a recipe, so they keep failing with the full path's error.
 
 Autograd's forward (the ``attncompiler::attention_fwd`` op, eager or under ``torch.compile``) records and takes
 launches the same way when its buffers are the kernel's own. Not recorded (the full path runs every time): buffers
-passed per call (``buffers=``: a recipe would hold each tensor alive), packed sequences, the backward,
-kernels whose launch derives data from the inputs (the score skip's row norms), and calls inside CUDA graph capture.
+passed per call (``buffers=``: a recipe would hold each tensor alive), the backward (:mod:`.bwd_fastpath` records
+its own launches; packed sequences record through :mod:`.varlen_fastpath`), kernels whose launch derives data from the inputs (the score skip's row norms), and calls inside CUDA graph capture.
 A ``schedule="auto"`` call that a sibling kernel answers (the decode schedule's split and combine kernels, or v2 for
 layouts TMA cannot describe) is recorded under the called kernel's signature with the sibling's launch.
 """
