@@ -40,14 +40,17 @@ class _NoRecord(dict):
 
 
 @contextmanager
-def full_path_backward(kern: object) -> Iterator[None]:
-    """Backwards without recorded launches (runtime/bwd_fastpath.py), for the A/B."""
-    keep = kern._bwd_recipes
+def full_path_backward(kern: object, forward: bool = False) -> Iterator[None]:
+    """Backwards without recorded launches (runtime/bwd_fastpath.py), for the A/B; ``forward``: forwards too (the
+    state of packed-sequence calls before runtime/varlen_fastpath.py)."""
+    keep = kern._bwd_recipes, kern._recipes
     kern._bwd_recipes = _NoRecord()
+    if forward:
+        kern._recipes = _NoRecord()
     try:
         yield
     finally:
-        kern._bwd_recipes = keep
+        kern._bwd_recipes, kern._recipes = keep
 
 
 def time_steps(step: Callable[[], None], n: int) -> float:
@@ -70,7 +73,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--profile", type=int, default=25, help="rows of the cProfile table (0: none)")
     ap.add_argument("--ab", type=int, default=0,
-                    help="only the A/B of the recorded backward: this many alternations of --steps steps each, medians")
+                    help="only the A/B of recorded launches (padded: the backward's; packed: forward and backward): "
+                         "this many alternations of --steps steps each, medians")
     args = ap.parse_args()
     kern = ac.compile(presets.causal(128))
     dev, dt = "cuda", torch.bfloat16
@@ -100,16 +104,18 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  causal d=128 (1, 16, 256, 128) bf16, "
           f"schedule {kern.schedule}; us per step")
     if args.ab:
-        rec, full = [], []
-        for _ in range(args.ab):
-            rec.append(time_steps(padded, args.steps))
-            with full_path_backward(kern):
-                full.append(time_steps(padded, args.steps))
-        rec.sort()
-        full.sort()
-        print(f"eager padded step, {args.ab} alternations of {args.steps} steps: recorded backward median "
-              f"{rec[len(rec) // 2]:.0f} (range {rec[0]:.0f}-{rec[-1]:.0f}), full-path backward median "
-              f"{full[len(full) // 2]:.0f} (range {full[0]:.0f}-{full[-1]:.0f})")
+        for name, fn, forward in (("padded", padded, False), ("packed", packed, True)):
+            rec, full = [], []
+            for _ in range(args.ab):
+                rec.append(time_steps(fn, args.steps))
+                with full_path_backward(kern, forward):
+                    full.append(time_steps(fn, args.steps))
+            rec.sort()
+            full.sort()
+            what = "forward and backward" if forward else "backward"
+            print(f"eager {name} step, {args.ab} alternations of {args.steps} steps: recorded {what} median "
+                  f"{rec[len(rec) // 2]:.0f} (range {rec[0]:.0f}-{rec[-1]:.0f}), full-path {what} median "
+                  f"{full[len(full) // 2]:.0f} (range {full[0]:.0f}-{full[-1]:.0f})")
         return
     print(f"{'round':>5s} {'what':>8s} {'eager':>9s} {'custom op':>10s}")
     for r in range(args.rounds):
