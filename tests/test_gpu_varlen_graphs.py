@@ -155,3 +155,49 @@ def test_gpu_capture_without_max_seqlen_is_refused() -> None:
             kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_k=MAX)
     out = kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)  # the device is still usable
     assert torch.isfinite(out).all()
+
+
+@needs_cuda
+def test_gpu_settled_zeros_inside_a_capture_stay_out_of_the_graph() -> None:
+    """The error word's allocation (runtime/persistent.py settled_zeros) inside a capture in torch's default global
+    mode: the capture survives, the zeros are there when it returns, and the graph holds no node of them."""
+    from attncompiler.runtime.persistent import settled_zeros
+
+    x = torch.ones(8, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        z = settled_zeros(4, torch.int32, x.device)
+        y = x * 2
+    assert z.dtype == torch.int32 and z.tolist() == [0, 0, 0, 0]
+    z.fill_(7)
+    g.replay()
+    torch.cuda.synchronize()
+    assert z.tolist() == [7, 7, 7, 7] and y.tolist() == [2.0] * 8  # (a captured memset would have zeroed z)
+
+
+@needs_cuda
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_gpu_capture_may_be_the_first_packed_call(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture without an eager packed call before it on the device (as in a process whose first packed call is
+    captured: the error word does not exist yet) makes the word itself; replays then report bad offsets as usual."""
+    from attncompiler.runtime import varlen as rv
+
+    kern = ac.compile(_spec("causal"), schedule)
+    q, k, v = _inputs(50)
+    cu = _offsets(PACKINGS[0])
+    kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=MAX, max_seqlen_k=MAX)  # (kernels loaded)
+    torch.cuda.synchronize()
+    monkeypatch.setattr(rv, "_error_words", {})
+    monkeypatch.setattr(rv, "_replayed", set())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=MAX, max_seqlen_k=MAX)
+    assert len(rv._error_words) == 1
+    for lens in PACKINGS[1:]:
+        cu.copy_(_offsets(lens))
+        replay(g, (out,), None)
+        assert torch.equal(out, kern(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)), f"{schedule} packing {lens}"
+    cu.copy_(_offsets((400, 37, 50, 25)))  # longer than MAX
+    replay(g, (out,), None)
+    with pytest.raises(InputError, match="replayed from a CUDA graph"):
+        check_replays()

@@ -159,18 +159,14 @@ _replayed: set[int] = set()
 
 
 def _error_word(index: int) -> torch.Tensor:
-    """The device's error word, made by its first eager packed call (no memory can be allocated and zeroed outside
-    the graph while a capture runs)."""
+    """The device's error word, made by its first packed call, eager or captured (``settled_zeros``: allocated and
+    zeroed outside any graph, ready before a launch on any stream reads it)."""
     with _lock:
         word = _error_words.get(index)
     if word is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise InputError(f"packed sequences on cuda:{index}: expected an eager packed call on this device before "
-                             "capturing one (the warm-up torch.cuda.graph needs anyway), got a capture first")
-        from .persistent import persistent_zeros
+        from .persistent import settled_zeros
 
-        word = persistent_zeros(1, torch.int32, torch.device("cuda", index))
-        torch.cuda.current_stream(index).synchronize()  # zeroed before a launch on any stream reads it (once)
+        word = settled_zeros(1, torch.int32, torch.device("cuda", index))
         with _lock:
             word = _error_words.setdefault(index, word)
     return word
@@ -245,7 +241,6 @@ def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, m
         B, max_q, max_k = _check_captured(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q, total_k)
     else:
         if q.device.type == "cuda":
-            _error_word(device_index(q.device))  # (made here, outside any capture)
             check_replays(q.device)
         cq = _check_cu("cu_seqlens_q", cu_seqlens_q, total_q, "query")
         ck = _check_cu("cu_seqlens_k", cu_seqlens_k, total_k, "key")
