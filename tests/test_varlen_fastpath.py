@@ -72,3 +72,25 @@ def test_like_layout_allocates_packed_rows_contiguous() -> None:
     ref = torch.randn(12, 2, 8)
     t = like_layout(ref, (12, 2, 8), torch.float16)
     assert t.shape == (12, 2, 8) and t.is_contiguous() and t.dtype == torch.float16
+
+
+def test_inference_mode_tensors_are_read_every_call_and_never_recorded() -> None:
+    """Inference-mode tensors have no version counter (``_version`` raises): cu_seqlens made under
+    ``torch.inference_mode()`` are read on every call, record nothing, and buffers made there make every call take
+    the full path -- instead of a RuntimeError from torch."""
+    from attncompiler.runtime.fastpath import buffer_versions
+    from attncompiler.runtime.varlen import _host_values
+
+    with torch.inference_mode():
+        cu = _cu(5, 7)
+        slopes = torch.rand(4)
+        assert _host_values(cu) == [0, 5, 12]
+        cu[1] = 3  # in place, no version bump: still seen
+        assert _host_values(cu) == [0, 3, 12]
+    assert _host_values(cu) == [0, 3, 12]
+    q, k, v = _qkv()
+    assert forward_key(q, k, v, cu, cu, None, None, 0.5, 0.0, None) is None
+    assert forward_key(q, k, v, _cu(3, 9), cu, None, None, 0.5, 0.0, None) is None
+    assert buffer_versions({"slopes": slopes}) is None
+    assert buffer_versions({"slopes": torch.rand(4)}) == (0,)
+    assert buffer_versions({}) == ()

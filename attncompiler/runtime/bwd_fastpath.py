@@ -68,7 +68,7 @@ class BackwardRecipe:
     rows_accum: bool  # dQ left in a row-major fp32 accumulator and converted here
     turn_counters: Callable[[torch.device], tuple[int, Any]] | None  # deterministic v3: (address, owner)
     maps: Callable[[ctypes.Structure, ctypes.Structure], Any] | None
-    buffer_versions: tuple[int, ...] = ()
+    buffer_versions: tuple[int, ...] | None = ()
     keep: tuple[Any, ...] = field(default=(), repr=False)
 
 
@@ -125,7 +125,8 @@ def run(r: BackwardRecipe, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     capture. ``finish(dq, dk, dv, dq_accum)``, when given, does the work after the launches and returns the
     gradients (packed sequences: :mod:`.varlen_fastpath`); else a row-major accumulator is copied into dq."""
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr())
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 or buffer_versions(buffers) != r.buffer_versions:
+    versions = buffer_versions(buffers)
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 or versions is None or versions != r.buffer_versions:
         return None
     if torch.cuda.is_current_stream_capturing():
         return None

@@ -19,8 +19,10 @@ never get a recipe, so they keep failing with the full path's error.
 
 Autograd's forward (the ``attncompiler::attention_fwd`` op, eager or under ``torch.compile``) records and takes
 launches the same way when its buffers are the kernel's own. Not recorded (the full path runs every time): buffers
-passed per call (``buffers=``: a recipe would hold each tensor alive), the backward (:mod:`.bwd_fastpath` records
-its own launches; packed sequences record through :mod:`.varlen_fastpath`), kernels whose launch derives data from the inputs (the score skip's row norms), and calls inside CUDA graph capture.
+passed per call (``buffers=``: a recipe would hold each tensor alive), buffers made under ``torch.inference_mode()``
+(no version counter to see their changes by), the backward (:mod:`.bwd_fastpath` records its own launches; packed
+sequences record through :mod:`.varlen_fastpath`), kernels whose launch derives data from the inputs (the score
+skip's row norms), and calls inside CUDA graph capture.
 A ``schedule="auto"`` call that a sibling kernel answers (the decode schedule's split and combine kernels, or v2 for
 layouts TMA cannot describe) is recorded under the called kernel's signature with the sibling's launch.
 """
@@ -86,7 +88,7 @@ class ForwardRecipe:
     dtype: torch.dtype
     device: torch.device
     workspace_floats: int = 0  # fp32 scratch the kernel needs (v1's O, l, m), allocated per call
-    buffer_versions: tuple[int, ...] = ()  # of the kernel's captured buffers when recorded
+    buffer_versions: tuple[int, ...] | None = ()  # of the kernel's captured buffers when recorded
     keep: tuple[Any, ...] = field(default=(), repr=False)
 
 
@@ -106,10 +108,15 @@ def signature(q: Any, k: Any, v: Any, return_lse: bool, scale: Any, dropout_p: A
             v.dtype, v.device, return_lse, scale, dropout_p, o_key)
 
 
-def buffer_versions(buffers: Mapping[str, Any]) -> tuple[int, ...]:
+def buffer_versions(buffers: Mapping[str, Any]) -> tuple[int, ...] | None:
     """The in-place versions of a kernel's captured buffers (what a recipe's device copies and tables were made
-    from)."""
-    return tuple(t._version for t in buffers.values()) if buffers else ()
+    from); None when a buffer is an inference-mode tensor, which has no version counter: its changes cannot be seen,
+    so no recorded launch may hold it (every call takes the full path)."""
+    if not buffers:
+        return ()
+    if any(t.is_inference() for t in buffers.values()):
+        return None
+    return tuple(t._version for t in buffers.values())
 
 
 def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: int | None,
@@ -124,7 +131,8 @@ def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     capture happens once, so its host time does not matter."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     op = out.data_ptr() if out is not None else 0
-    if (qp | kp | vp | op) & 15 or buffer_versions(buffers) != recipe.buffer_versions:
+    versions = buffer_versions(buffers)
+    if (qp | kp | vp | op) & 15 or versions is None or versions != recipe.buffer_versions:
         return None
     if torch.cuda.is_current_stream_capturing():
         return None

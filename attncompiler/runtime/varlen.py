@@ -105,7 +105,10 @@ def _forget(key: int) -> Any:
 
 def _host_values(cu: torch.Tensor) -> list[int]:
     """cu's values on the host: a device sync the first time a (GPU) tensor is seen or after it
-    was modified in place (torch's version counter)."""
+    was modified in place (torch's version counter).  An inference-mode tensor has no version counter, so its
+    values are read on every call."""
+    if cu.is_inference():
+        return [int(x) for x in cu.tolist()]
     ver, ptr = cu._version, cu.data_ptr()
     with _lock:
         hit = _host_cache.get(id(cu))

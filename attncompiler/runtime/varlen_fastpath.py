@@ -12,9 +12,11 @@ that share one cu_seqlens pair record on the first layer and launch from the rec
 backward; the next batch's tensors record again (a table holds at most ``fastpath.MAX_RECIPES`` recordings and is
 emptied when full).
 
-What is not recorded, as for padded calls: buffers passed per call, dropout kernels that read their seed on the
-device, calls under CUDA graph capture (which take the full path, whose checks a graph must not skip), NaN-poisoned
-backwards (tests), and inputs the full path copies or refuses (a non-contiguous cu_seqlens, misaligned rows).
+What is not recorded: cu_seqlens made under ``torch.inference_mode()`` (no version counter, so the full path reads
+their values on every call); and, as for padded calls, buffers passed per call or made under inference mode,
+dropout kernels that read their seed on the device, calls under CUDA graph capture (which take the full path, whose
+checks a graph must not skip), NaN-poisoned backwards (tests), and inputs the full path copies or refuses (a
+non-contiguous cu_seqlens, misaligned rows).
 """
 from __future__ import annotations
 
@@ -76,6 +78,8 @@ class PackedBackward:
 def _cu_part(cu_q: Any, cu_k: Any, max_q: Any, max_k: Any) -> tuple | None:
     if type(cu_q) is not torch.Tensor or type(cu_k) is not torch.Tensor:
         return None
+    if cu_q.is_inference() or cu_k.is_inference():
+        return None  # (no version counter: a change in place could not be seen, so the full path reads them)
     if not (max_q is None or type(max_q) is int) or not (max_k is None or type(max_k) is int):
         return None  # (a SymInt under tracing: the full path)
     return (id(cu_q), id(cu_k), max_q, max_k)
