@@ -313,7 +313,7 @@ class CompiledAttention:
                 fl = _fastpath.FastLaunch(loaded.ptr, sched.grid(ks, dims), ks.threads, ks.smem_bytes,
                                           lambda P, Bf=Bf: (P, Bf), keep=(loaded, Bf))
             fl.launch(P, device_index(q.device))
-        if record_in is not None and extra is None:
+        if record_in is not None and extra is None and _fastpath.recordable(buffers):
             _fastpath.remember(record_in[0], record_in[1], _fastpath.recipe(fl, P, q, o, lse, p_drop, ws_n, buffers,
                                                                           keep=(bufs,)))
         del extra

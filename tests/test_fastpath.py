@@ -45,6 +45,15 @@ def test_buffer_versions_follow_in_place_changes() -> None:
     assert before != fastpath.buffer_versions({"a": a, "b": b})
 
 
+def test_inference_mode_buffers_are_not_recordable() -> None:
+    with torch.inference_mode():
+        frozen = torch.ones(3)
+    a = torch.ones(3)
+    assert fastpath.recordable({}) and fastpath.recordable({"a": a})
+    assert fastpath.buffer_versions({"a": a, "f": frozen}) is None
+    assert not fastpath.recordable({"a": a, "f": frozen})
+
+
 def test_no_signature_for_tensor_subclasses() -> None:
     class Sub(torch.Tensor):
         pass

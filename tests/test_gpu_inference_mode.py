@@ -33,6 +33,7 @@ def test_gpu_buffers_made_in_inference_mode() -> None:
         kern._buffers[name].mul_(2.0)  # in place, no version bump: the next call must still see it
         doubled = kern(q, k, v)
     assert fastpath.stats["hits"] == hits, "an inference-mode buffer must not launch from a recording"
+    assert not kern._recipes, "no recording may be built that could never launch"
     assert torch.equal(first, ac.compile(_alibi())(q, k, v)) and torch.equal(second, first)
     assert torch.equal(doubled, ac.compile(_alibi(2.0))(q, k, v)) and not torch.equal(doubled, first)
 

@@ -189,7 +189,7 @@ def test_dq_out_kernel():
     assert [tiled.takes_buffers(e) for e in tiled.entries] == [False, True, False]
     assert tiled.threads("attn_bwd_dq_out") == DQ_OUT_THREADS and tiled.smem("attn_bwd_dq_out") == 0
     dims = AttnInputs(B=3, H=5, H_kv=5, Nq=1023, Nk=77, D=128, DV=128)
-    assert tiled.grids(dims)["attn_bwd_dq_out"] == (-(-1023 // DQ_OUT_ROWS), 15, 1)
+    assert tiled.grids(dims)["attn_bwd_dq_out"] == (-(-1023 // DQ_OUT_ROWS), 5, 3)  # (blocks, H, B)
     header = (Path(__file__).parents[1] / "templates/include/attncompiler/v3_bwd_dq.cuh").read_text()
     assert re.search(rf"constexpr int kDqOutThreads = {DQ_OUT_THREADS};", header)
     assert re.search(rf"const int q0 = blockIdx.x \* {DQ_OUT_ROWS};", header)
@@ -317,7 +317,7 @@ def test_maps_geometry_padded_and_packed(monkeypatch):
     # deterministic: one turn counter per (b, h, 64-row query block); none otherwise
     det = bwd_source(build_ir(presets.causal(128)), SM90, deterministic=True)
     assert det.turn_counters(dims) == 3 * 16 * 2 and src.turn_counters(dims) == 0 == v2.turn_counters(dims)
-    assert det.grids(dims)["attn_bwd_kv"] == (2, 3 * 8, 1) == src.grids(dims)["attn_bwd_kv"]
+    assert det.grids(dims)["attn_bwd_kv"] == (2, 8, 3) == src.grids(dims)["attn_bwd_kv"]  # (key blocks, H_kv, B)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

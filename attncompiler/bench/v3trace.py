@@ -4,7 +4,7 @@
 ``%globaltimer`` read and one store by one thread into ``ac_v3_trace[tile * 16 + slot]``), runs it after a
 warm-up with the trace array zeroed, and returns the array as (TRACE_TILES, 16) uint64 rows.  Used by
 ``benchmarks/v3_trace.py`` (phase timings) and the GPU tests (blocks visited per tile, slot
-``kTraceBlocks``).  Non-persistent kernels number their tiles ``blockIdx.y * gridDim.x + blockIdx.x``.
+``kTraceBlocks``).  Non-persistent kernels number their tiles ``(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x``.
 """
 from __future__ import annotations
 

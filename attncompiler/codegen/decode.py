@@ -57,7 +57,7 @@ class DecodeSchedule:
     def grid(self, ks: KernelSource, dims: AttnInputs) -> tuple[int, int, int]:
         """The split kernel's grid (splits chosen for the plan's device, :func:`choose_splits`)."""
         c = rt.split_choice(ks.plan, dims)
-        return (c.num_splits, dims.B * dims.H_kv, c.row_blocks)
+        return rt.split_grid(c, dims)
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return rt.workspace_floats(rt.split_choice(ks.plan, dims), dims, ks.plan)

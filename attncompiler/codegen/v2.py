@@ -55,7 +55,7 @@ class V2Schedule:
                             plan.smem_bytes)
 
     def grid(self, ks: KernelSource, dims: AttnInputs) -> tuple[int, int, int]:
-        return (-(-dims.Nq // ks.plan.block_m), dims.B * dims.H, 1)
+        return (-(-dims.Nq // ks.plan.block_m), dims.H, dims.B)  # (common.cuh: ac_grid_bh)
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0

@@ -139,9 +139,9 @@ def nq_padded(plan: V2BwdPlan, nq: int) -> int:
 def bwd_grids(plan: V2BwdPlan, dims: AttnInputs) -> dict[str, tuple[int, int, int]]:
     """Launch grid of each backward kernel."""
     rows = plan.pre_warps * plan.pre_rows
-    kv = (-(-dims.Nk // plan.block_n), dims.B * dims.H_kv, 1)
-    out = {"attn_bwd_pre": (-(-nq_padded(plan, dims.Nq) // rows), dims.B * dims.H, 1)}
+    kv = (-(-dims.Nk // plan.block_n), dims.H_kv, dims.B)  # (heads on y, the batch on z: common.cuh's ac_grid_bh)
+    out = {"attn_bwd_pre": (-(-nq_padded(plan, dims.Nq) // rows), dims.H, dims.B)}
     for e in kv_entries(plan):
         out[e] = kv
-    out["attn_bwd_dq"] = (-(-dims.Nq // plan.dq_block_m), dims.B * dims.H, 1)
+    out["attn_bwd_dq"] = (-(-dims.Nq // plan.dq_block_m), dims.H, dims.B)
     return out

@@ -94,13 +94,13 @@ class V3Schedule:
                             launch_info=kv)
 
     def grid(self, ks: KernelSource, dims: AttnInputs, sm_count: int | None = None) -> tuple[int, int, int]:
-        """(query blocks, B*H); persistent: min(tiles, CTAs per SM x SMs) CTAs (``sm_count``: the device's, else
+        """(query blocks, H, B); persistent: min(tiles, CTAs per SM x SMs) CTAs (``sm_count``: the device's, else
         the target's)."""
         q_blocks = -(-dims.Nq // ks.plan.block_m)
         if ks.plan.persistent:
             slots = (sm_count or ks.plan.sm_count) * ks.plan.ctas_per_sm
             return (max(1, min(q_blocks * dims.B * dims.H, slots)), 1, 1)
-        return (q_blocks, dims.B * dims.H, 1)
+        return (q_blocks, dims.H, dims.B)  # (common.cuh: ac_grid_bh)
 
     def workspace_floats(self, ks: KernelSource, dims: AttnInputs) -> int:
         return 0

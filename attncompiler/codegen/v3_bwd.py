@@ -80,9 +80,9 @@ class V3BwdKernelSource:
     def grids(self, dims: AttnInputs) -> dict[str, tuple[int, int, int]]:
         rows = self.plan.pre_warps * self.plan.pre_rows
         return {
-            "attn_bwd_pre": (-(-self.nq_padded(dims.Nq) // rows), dims.B * dims.H, 1),
-            "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.B * dims.H_kv, 1),
-            "attn_bwd_dq_out": (-(-dims.Nq // DQ_OUT_ROWS), dims.B * dims.H, 1),
+            "attn_bwd_pre": (-(-self.nq_padded(dims.Nq) // rows), dims.H, dims.B),  # (common.cuh: ac_grid_bh)
+            "attn_bwd_kv": (-(-dims.Nk // self.plan.block_n), dims.H_kv, dims.B),
+            "attn_bwd_dq_out": (-(-dims.Nq // DQ_OUT_ROWS), dims.H, dims.B),
         }
 
     @property

@@ -2,7 +2,7 @@
 
 Facts of the kernels (``templates/decode_fwd.cu.j2``, ``include/attncompiler/decode.cuh``):
 
-* the split kernel's grid is (num_splits, B*H_kv, row_blocks); a CTA owns DECODE_ROWS = 16 rows (one
+* the split kernel's grid is (num_splits * row_blocks, H_kv, B); a CTA owns DECODE_ROWS = 16 rows (one
   m16 mma tile) of one K/V head's group -- row = (query head of the group, query), H/H_kv * Nq rows,
   so ``row_blocks = ceil(H/H_kv * Nq / 16)`` -- and one contiguous chunk of whole BLOCK_N-key tiles;
 * NUM_WARPS warps each take BLOCK_N / NUM_WARPS keys of every tile, so the tile width is

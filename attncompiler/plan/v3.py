@@ -521,7 +521,7 @@ def _plan_v3(ir_or_dims: Any, target: Target | str | None, *, block_n: int | Non
          + ("the query blocks of one batch*head together (their K/V shared in L2)" if by_head else
             "every head's heaviest query blocks first") + f" (tiles_by_head: {why_order})"
          if persistent else
-         "grid = (query blocks, B*H), heaviest query blocks first" + (" (persistent=False forced)" if persistent
+         "grid = (query blocks, H, B), heaviest query blocks first" + (" (persistent=False forced)" if persistent
                                                                        is not None else "")),
     ]
     if exp2_poly is None and static_poly is not None:

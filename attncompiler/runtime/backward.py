@@ -25,7 +25,7 @@ from ..plan.v3_bwd import V3_BWD_OPTIONS, plan_v3_bwd, v3_bwd_auto_refusal, v3_b
 from .compiler import LoadedKernel, allow_dynamic_smem, compile_functions
 from . import bwd_fastpath
 from .bwd_fastpath import like_layout as _like_layout
-from .fastpath import remember
+from .fastpath import recordable, remember
 from .launch import AttnInputs, InputError, check_inputs, device_index, launch_structs, pack_params, prepare_buffers
 from .params import BWD_PARAM_FIELDS, ctypes_struct, set_strides
 from .rng import device_rng_variant
@@ -254,7 +254,7 @@ def run_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: torch.T
     maps = src.maps(P, bp, dims)
     launch_bwd(src, fns, dims, P, bp, Bf, maps, q.device)
     del sem_owner  # (the caching allocator reuses it only after the launches queued on this stream)
-    if key is not None and all(a is b for a, b in zip((dout, out, lse, dlse), as_given)):
+    if key is not None and all(a is b for a, b in zip((dout, out, lse, dlse), as_given)) and recordable(buffers):
         counters = functools.partial(turn_counters, src, dims) if src.turn_counters(dims) else None
         remember(recipes, key, bwd_fastpath.record(
             src=src, fns=fns, grids=src.grids(dims), P=P, bp=bp, Bf=Bf, has_maps=maps is not None,

@@ -118,17 +118,18 @@ def record(*, src: Any, fns: Mapping[str, Any], grids: Mapping[str, tuple[int, i
 
 def run(r: BackwardRecipe, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, seed: int, offset: int,
-        buffers: Mapping[str, Any], finish: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
-        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        buffers: Mapping[str, Any], finish: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+        *, capture_checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Launch ``r`` for these tensors: (dq, dk, dv), or None when the full path must run: a base pointer not 16-byte
     aligned (that path copies or refuses), a captured buffer changed in place since the recording, or CUDA graph
     capture. ``finish(dq, dk, dv, dq_accum)``, when given, does the work after the launches and returns the
-    gradients (packed sequences: :mod:`.varlen_fastpath`); else a row-major accumulator is copied into dq."""
+    gradients (packed sequences: :mod:`.varlen_fastpath`); else a row-major accumulator is copied into dq.
+    ``capture_checked``: the caller has already found that no capture runs."""
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr())
     versions = buffer_versions(buffers)
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 or versions is None or versions != r.buffer_versions:
         return None
-    if torch.cuda.is_current_stream_capturing():
+    if not capture_checked and torch.cuda.is_current_stream_capturing():
         return None
     dev = q.device
     dk = like_layout(k, r.dk_shape, r.dtype)

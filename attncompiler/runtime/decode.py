@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..plan.decode import DecodePlan, SplitChoice, choose_splits
 from .params import CField, ctypes_struct
 
-__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "workspace_floats", "counter_slice",
+__all__ = ["DECODE_PARAM_FIELDS", "COMBINE_ENTRY", "split_choice", "split_grid", "workspace_floats", "counter_slice",
            "kv_tensor_maps", "pack_decode_params", "launch_decode", "DecodeLaunch"]
 
 COMBINE_ENTRY = "attn_decode_combine"
@@ -43,6 +43,11 @@ def _decode_params_type() -> type[ctypes.Structure]:
 def split_choice(plan: DecodePlan, dims: Any, num_splits: int | None = None) -> SplitChoice:
     return choose_splits(plan, B=dims.B, H=dims.H, H_kv=dims.H_kv, Nq=dims.Nq, Nk=dims.Nk,
                          num_splits=num_splits)
+
+
+def split_grid(choice: SplitChoice, dims: Any) -> tuple[int, int, int]:
+    """The split kernel's grid: (num_splits * row_blocks, H_kv, B), blockIdx.x = split + num_splits * row block."""
+    return (choice.num_splits * choice.row_blocks, dims.H_kv, dims.B)
 
 
 def counter_slice(plan: DecodePlan, choice: SplitChoice, dims: Any) -> tuple[int, int]:
@@ -98,9 +103,10 @@ def _zero_counters(params: ctypes.Structure, offset: int, count: int, device: An
 
 
 def _counters(device: Any, count: int) -> int | None:
-    from .counters import counters
+    """An arena's zeroed counters, or None: more than an arena holds, or a capture that finds no room."""
+    from .counters import ARENA_INTS, counters
 
-    return counters(device, count)
+    return counters(device, count) if count <= ARENA_INTS else None
 
 
 def kv_tensor_maps(params: ctypes.Structure, dims: Any, plan: DecodePlan) -> ctypes.Structure:
@@ -147,11 +153,11 @@ def launch_decode(ks: Any, split_fn: int, combine_fn: int, choice: SplitChoice, 
             raise ValueError(f"decode fold_combine: expected a workspace of {workspace_floats(choice, dims, plan)} "
                              f"floats, got none")
         addr = _counters(device, cnt)
-        if addr is None:  # a capture with no arena room: the workspace's own counters, zeroed in the call
+        if addr is None:  # a capture with no arena room, or more than an arena: the workspace's own, zeroed here
             addr = int(params.workspace) + 4 * off
             _zero_counters(params, off, cnt, device)
         dp.counters = addr
-    grid = (choice.num_splits, dims.B * dims.H_kv, choice.row_blocks)
+    grid = split_grid(choice, dims)
     launch_structs(split_fn, grid, ks.threads, ks.smem_bytes, structs, device)
     if choice.num_splits > 1 and not plan.fold_combine:
         warps = ks.plan.combine_warps

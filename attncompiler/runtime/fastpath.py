@@ -119,22 +119,29 @@ def buffer_versions(buffers: Mapping[str, Any]) -> tuple[int, ...] | None:
     return tuple(t._version for t in buffers.values())
 
 
+def recordable(buffers: Mapping[str, Any]) -> bool:
+    """Whether a launch with these captured ``buffers`` may be recorded (none is an inference-mode tensor); the
+    full paths ask before building a recording that :func:`run` could never use."""
+    return buffer_versions(buffers) is not None
+
+
 def run(recipe: ForwardRecipe, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seed: int | None,
-        offset: int, buffers: Mapping[str, Any],
-        out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+        offset: int, buffers: Mapping[str, Any], out: torch.Tensor | None = None, *,
+        capture_checked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
     """Launch ``recipe`` for these inputs and the kernel's captured ``buffers``, writing ``out`` when given (the
     recipe's signature fixed its shape, strides, dtype and device): (o, lse or None, the seed used), or None when
     the full path must run: a base pointer not 16-byte aligned (that path says so), a buffer changed in place since
     the recipe was recorded, or CUDA graph capture. A captured call takes the full path because the
     graph must hold the work that path does on the GPU per call (the granule tables of buffers the tile classifier
     reads, recomputed on every replay: tests/test_gpu_bufreads.py) and the device memory it pins (the tile list);
-    capture happens once, so its host time does not matter."""
+    capture happens once, so its host time does not matter. ``capture_checked``: the caller has already found
+    that no capture runs (the packed path, which must know it before it checks replays)."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     op = out.data_ptr() if out is not None else 0
     versions = buffer_versions(buffers)
     if (qp | kp | vp | op) & 15 or versions is None or versions != recipe.buffer_versions:
         return None
-    if torch.cuda.is_current_stream_capturing():
+    if not capture_checked and torch.cuda.is_current_stream_capturing():
         return None
     fl = recipe.launch
     if out is not None:

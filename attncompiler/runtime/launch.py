@@ -21,7 +21,7 @@ __all__ = ["InputError", "AttnInputs", "check_inputs", "check_index_limit", "che
            "launch", "launch_structs", "raw_stream", "device_index"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_MAX_GRID_Y = 65535
+_MAX_GRID_YZ = 65535  # the launch grid's y and z limits: the heads go on y, the batch on z (common.cuh: ac_grid_bh)
 
 
 class InputError(ValueError):
@@ -97,8 +97,11 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ir: Attentio
             raise InputError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}; move it with .cuda()")
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
-    if B * H > _MAX_GRID_Y:
-        raise InputError(f"batch*heads: expected at most {_MAX_GRID_Y} (the launch grid's y limit), got {B * H}")
+    if B > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
+        raise InputError(f"batch and heads: expected each at most {_MAX_GRID_YZ} (the launch grid's z and y limits), "
+                         f"got B={B}, H={H}")
+    if B * H >= 2**31:
+        raise InputError(f"batch*heads: expected < 2^31 (the kernels' int (batch, head) index), got {B * H}")
     if max(Nq, Nk) >= 2**31 - 1024:
         raise InputError(f"seqlen: expected < 2^31, got Nq={Nq}, Nk={Nk}")
     check_index_limit(ir, B=B, H=H, Nq=Nq, Nk=Nk)

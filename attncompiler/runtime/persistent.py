@@ -31,14 +31,19 @@ _CUPY_DTYPES = {torch.float32: "float32", torch.int32: "int32", torch.int64: "in
                 torch.uint8: "uint8"}
 
 
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
-    import cupy
-
+def _cupy_target(dtype: torch.dtype, device: Any) -> tuple[str, int]:
+    """CuPy's name for ``dtype`` and the CUDA device index of ``device`` (the current one when it names none)."""
     name = _CUPY_DTYPES.get(dtype)
     if name is None:
         raise TypeError(f"persistent tensors: expected a dtype among {sorted(map(str, _CUPY_DTYPES))}, got {dtype}")
     dev = torch.device(device)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return name, dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+    import cupy
+
+    name, index = _cupy_target(dtype, device)
     with cupy.cuda.Device(index):
         arr = cupy.empty(shape, dtype=name)
     return torch.from_dlpack(arr)
@@ -87,11 +92,7 @@ def settled_zeros(n: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
     is then synchronized, all in the relaxed capture mode, so neither enters a graph."""
     import cupy
 
-    name = _CUPY_DTYPES.get(dtype)
-    if name is None:
-        raise TypeError(f"persistent tensors: expected a dtype among {sorted(map(str, _CUPY_DTYPES))}, got {dtype}")
-    dev = torch.device(device)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    name, index = _cupy_target(dtype, device)
     with relaxed_capture_mode():
         side = torch.cuda.Stream(index)
         # cupy's memset and the DLPack hand-over on the side stream: nothing waits on, or records into, another one

@@ -56,7 +56,7 @@ __all__ = ["VarlenInputs", "check_varlen", "check_replays", "varlen_fwd_source",
            "run_varlen_backward"]
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_MAX_GRID_Y = 65535
+_MAX_GRID_YZ = 65535  # the launch grid's y and z limits: the heads go on y, the batch on z (common.cuh: ac_grid_bh)
 _lock = threading.Lock()
 
 
@@ -260,8 +260,11 @@ def check_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, m
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.device != q.device:
             raise InputError(f"{name}: expected an int32 tensor on {q.device} (q's device), got one on {t.device}")
-    if B * H > _MAX_GRID_Y:
-        raise InputError(f"sequences*heads: expected at most {_MAX_GRID_Y} (the launch grid's y limit), got {B * H}")
+    if B > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
+        raise InputError(f"sequences and heads: expected each at most {_MAX_GRID_YZ} (the launch grid's z and y "
+                         f"limits), got {B} sequences, H={H}")
+    if B * H >= 2**31:
+        raise InputError(f"sequences*heads: expected < 2^31 (the kernels' int (sequence, head) index), got {B * H}")
     if max(total_q, total_k) >= 2**31 - 1024 or max(max_q, max_k) >= 2**31 - 1024:
         raise InputError(f"rows: expected < 2^31, got total_q={total_q}, total_k={total_k}")
     check_index_limit(ir, sequences=B, heads=H, max_seqlen_q=max_q, max_seqlen_k=max_k)
@@ -405,7 +408,7 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
     P, Bf = pack_params(_as4(q), _as4(k), _as4(v), _as4(o), lse, None, dims, scale=scale, dropout_p=dropout_p,
                         seed=seed, offset=offset, ir=ir, buffers=bufs, rng_state=rng_state)
     _set_cu(P, cu_q, cu_k, vi)
-    grid = (-(-vi.max_q // ks.plan.block_m), vi.B * vi.H, 1)
+    grid = (-(-vi.max_q // ks.plan.block_m), vi.H, vi.B)  # (varlen.cuh: b = blockIdx.z, h = blockIdx.y)
     if v3:
         maps = fastpath.maps_by_pointers(lambda P_: _v3_maps(P_, vi, ks), ("q", "k", "v"))
         args: Any = lambda P_, Bf=Bf: (P_, Bf, maps(P_))
@@ -414,7 +417,8 @@ def run_varlen_forward(ir: AttentionIR, target: Target, kernel_source: KernelSou
     fl = fastpath.FastLaunch(loaded.ptr, grid, ks.threads, ks.smem_bytes, args, keep=(loaded, Bf))
     with torch.cuda.device(q.device):
         fl.launch(P, _dev_index(q))
-    if key is not None and not vi.errors and cu_q is cu_seqlens_q and cu_k is cu_seqlens_k:
+    if (key is not None and not vi.errors and cu_q is cu_seqlens_q and cu_k is cu_seqlens_k
+            and fastpath.recordable(buffers)):
         fastpath.remember(recipes, key, vfast.PackedForward(  # type: ignore[arg-type]
             fastpath.ForwardRecipe(fl, _dev_index(q), bytes(P), type(P), tuple(o.shape), False, tuple(lse.shape),
                                    dropout_p, o.dtype, o.device, 0, fastpath.buffer_versions(buffers),
@@ -563,8 +567,8 @@ def run_varlen_backward(ir: AttentionIR, target: Target, dout: torch.Tensor, q: 
     maps = src.maps(P, bp, dims, packed_rows=rows)
     launch_bwd(src, fns, dims, P, bp, Bf, maps, q.device)
     del sem_owner
-    if key is not None and not vi.errors and all(a is b for a, b in zip((dout, out, lse, dlse, cu_q, cu_k),
-                                                                        as_given)):
+    if (key is not None and not vi.errors and fastpath.recordable(buffers)
+            and all(a is b for a, b in zip((dout, out, lse, dlse, cu_q, cu_k), as_given))):
         counters = functools.partial(turn_counters, src, dims) if src.turn_counters(dims) else None
         fastpath.remember(recipes, key, vfast.PackedBackward(record(  # type: ignore[arg-type]
             src=src, fns=fns, grids=src.grids(dims), P=P, bp=bp, Bf=Bf, has_maps=maps is not None,

@@ -107,10 +107,10 @@ def run_forward(r: PackedForward, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                 cu_k: torch.Tensor, seed: int, offset: int, buffers: Mapping[str, Any],
                 out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(out, lse) launched from ``r``, or None when the full path must run (other or changed cu_seqlens, and what
-    :func:`.fastpath.run` hands back)."""
+    :func:`.fastpath.run` hands back). The caller has found that no CUDA graph capture runs."""
     if not r.cu.matches(cu_q, cu_k):
         return None
-    done = fastpath.run(r.recipe, q, k, v, seed, offset, buffers, out)
+    done = fastpath.run(r.recipe, q, k, v, seed, offset, buffers, out, capture_checked=True)
     return None if done is None else (done[0], done[1])  # type: ignore[return-value]
 
 
@@ -121,8 +121,9 @@ def run_backward(r: PackedBackward, dout: torch.Tensor, q: torch.Tensor, k: torc
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(dq, dk, dv) launched from ``r``, or None when the full path must run. ``finish(dq, dk, dv, dq_accum, vi,
     rows_accum)``: the packed work after the kernels (dK, dV of sequences without queries; dQ gathered from a
-    row-major accumulator)."""
+    row-major accumulator). The caller has found that no CUDA graph capture runs."""
     if not r.cu.matches(cu_q, cu_k):
         return None
     return bwd_fastpath.run(r.recipe, dout, q, k, v, out, lse, dlse, seed, offset, buffers,
-                            finish=lambda dq, dk, dv, acc: finish(dq, dk, dv, acc, r.vi, r.rows_accum))
+                            finish=lambda dq, dk, dv, acc: finish(dq, dk, dv, acc, r.vi, r.rows_accum),
+                            capture_checked=True)

@@ -3,12 +3,13 @@
 // For few query rows (Nq <= 16) against a long K/V, one CTA per (query block, head) -- the v2 grid -- has
 // B*H CTAs, each streaming all of K/V: the GPU is mostly idle and each K/V head is read H/H_kv times.
 //
-// attn_fwd (the split kernel), grid (num_splits, B*H_kv, row_blocks), NUM_WARPS warps:
+// attn_fwd (the split kernel), grid (num_splits * row_blocks, H_kv, B), NUM_WARPS warps (blockIdx.x = split +
+// num_splits * row block):
 //   * the M rows of one tensor-core tile are the (query head, query) pairs of one K/V head's group,
 //     row R = hg * Nq + qi for hg < H/H_kv, qi < Nq (dp.rows = H/H_kv * Nq rows, 16 per row block):
 //     with GQA, 1 query x 8 grouped heads fills 8 rows and K/V is read once for the whole group;
 //   * the K/V blocks that the mask's kv_range allows (union over the CTA's heads) are cut into
-//     num_splits contiguous chunks of whole BLOCK_N tiles; CTA blockIdx.x streams its chunk through a
+//     num_splits contiguous chunks of whole BLOCK_N tiles; the CTA of split s streams its chunk through a
 //     STAGES-deep ring (STAGES-1 tiles in flight while one is computed), and skips tiles the tile
 //     classifier proves EMPTY for every head of the CTA. The ring is filled by one of two loaders:
 //       - BULK_LOADER = false (loader "cp_async"): every thread issues 16-byte cp.async copies (rows
@@ -70,10 +71,10 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
   static_assert(!L::MBAR, "loaders 'bulk' and 'tma' need sm_90+ (cp.async.bulk, mbarrier expect_tx / try_wait)");
 #endif
 
-  const int split = blockIdx.x;
-  const int b = blockIdx.y / p.H_kv;
-  const int hk = blockIdx.y % p.H_kv;
-  const int R0 = blockIdx.z * L::BM;
+  const int split = blockIdx.x % dp.num_splits;
+  const int b = blockIdx.z;
+  const int hk = blockIdx.y;
+  const int R0 = blockIdx.x / dp.num_splits * L::BM;
   const int nrows = min(L::BM, dp.rows - R0);
   const int h0 = hk * dp.group;                  // first query head of the group
   const int tid = threadIdx.x;

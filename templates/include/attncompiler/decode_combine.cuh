@@ -27,7 +27,8 @@ __device__ __forceinline__ void decode_fold_tail(const AttnParams& p, const Deco
   const int lane = tid & 31;
   const int S = dp.num_splits;
   const long long R = dp.total_rows;
-  int* counter = dp.counters + (blockIdx.y * gridDim.z + blockIdx.z);
+  // (b * H_kv + h_kv) * row_blocks + row block, in the split kernel's grid (num_splits * row_blocks, H_kv, B)
+  int* counter = dp.counters + ((long long)ac_grid_bh() * (gridDim.x / S) + blockIdx.x / S);
 
   __threadfence();  // this thread's partial stores, ordered before the barrier
   __syncthreads();

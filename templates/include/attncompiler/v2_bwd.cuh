@@ -7,7 +7,7 @@
 //              into row-padded fp32 arrays (padded rows: lse2 = +inf, dsum = 0, so the main loop never
 //              bounds-checks).
 //
-// v2_bwd_kv    grid (ceil(Nk / BLOCK_N), B * H_kv). A CTA owns BLOCK_N keys of one (b, kv head)
+// v2_bwd_kv    grid (ceil(Nk / BLOCK_N), H_kv, B). A CTA owns BLOCK_N keys of one (b, kv head)
 //              and keeps their dK and dV in registers while it walks the query blocks (BLOCK_M
 //              rows) of every query head of the group. Per query block, with the keys as the mma's
 //              M dimension ("transposed" products):
@@ -33,7 +33,7 @@
 //              Query blocks the mask's tile classifier proves EMPTY are skipped; FULL tiles inside
 //              both sequences run without mask code.
 //
-// v2_bwd_dq    (deterministic dQ, v2_bwd_dq.cuh) grid (ceil(Nq / BLOCK_M), B * H): forward-like, each warp owns
+// v2_bwd_dq    (deterministic dQ, v2_bwd_dq.cuh) grid (ceil(Nq / BLOCK_M), H, B): forward-like, each warp owns
 //              16 * MT query rows; per key tile S = Q K^T, dP = dO V^T, dS, dQ += dS K with dQ in
 //              registers; written once in the element type. No atomics: bit-identical run to run.
 //
@@ -266,7 +266,7 @@ __device__ __forceinline__ void dq_product_red(unsigned int s_ds, unsigned int s
 }
 
 // Where a dK/dV CTA (v2_bwd_kv, v2_bwd_kv_2d) and its thread stand: K/V block kv_block = blockIdx.x
-// of batch b and K/V head h_kv (blockIdx.y = b * H_kv + h_kv), reduced over the group's G = H / H_kv
+// of batch b and K/V head h_kv (ac_grid_bh() = b * H_kv + h_kv), reduced over the group's G = H / H_kv
 // query heads; its keys [kv0, kv_hi] (kv_rows of them: BN, fewer in the ragged last block) and their
 // K and V rows gK, gV in global memory; the thread's warp, lane and mma fragment row g / column t.
 struct V2BwdKvPos {
@@ -280,7 +280,7 @@ __device__ __forceinline__ V2BwdKvPos v2_bwd_kv_pos(const AttnParams& p) {
   using T = ac_elem_t;
   V2BwdKvPos c;
   c.kv_block = blockIdx.x;
-  const int bhk = blockIdx.y;
+  const int bhk = ac_grid_bh();
   c.b = bhk / p.H_kv;
   c.h_kv = bhk % p.H_kv;
   c.G = p.H / p.H_kv;

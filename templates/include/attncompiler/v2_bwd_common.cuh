@@ -16,8 +16,8 @@ namespace ac {
 __device__ __forceinline__ void bwd_zero_dq_accum(const AttnBwdParams& bp) {
   const long long n = bp.dq_accum_floats;
   if (n <= 0) return;
-  const long long threads = (long long)gridDim.x * gridDim.y * blockDim.x;
-  const long long tid = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long threads = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
+  const long long tid = ((long long)ac_grid_bh() * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
   float4* a4 = reinterpret_cast<float4*>(bp.dq_accum);
   for (long long i = tid; i < n / 4; i += threads) a4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (tid < n % 4) bp.dq_accum[n / 4 * 4 + tid] = 0.f;
@@ -36,7 +36,7 @@ __device__ __forceinline__ void v2_bwd_pre(const AttnParams& p, const AttnBwdPar
   constexpr int kRowsAtOnce = 32 / kLanes;
   constexpr int kIters = (ROWS_PER_WARP + kRowsAtOnce - 1) / kRowsAtOnce;
   static_assert(kIters <= 8, "rows of one warp held in registers at once");
-  const int bh = blockIdx.y;
+  const int bh = ac_grid_bh();
   const int b = bh / p.H;
   const int h = bh % p.H;
   const int warp = threadIdx.x >> 5;
@@ -60,11 +60,17 @@ __device__ __forceinline__ void v2_bwd_pre(const AttnParams& p, const AttnBwdPar
   }
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
-    const T* oe = reinterpret_cast<const T*>(&o4[it]);
-    const T* de = reinterpret_cast<const T*>(&d4[it]);
+    // (unpacked from the words, not through the vectors' addresses, which put them on the stack at fp16, d = 256)
+    const unsigned int ow[4] = {o4[it].x, o4[it].y, o4[it].z, o4[it].w};
+    const unsigned int dw[4] = {d4[it].x, d4[it].y, d4[it].z, d4[it].w};
     float dot = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) dot = fmaf(Tr::to_float(oe[e]), Tr::to_float(de[e]), dot);
+    for (int e = 0; e < 4; ++e) {
+      float o0, o1, d0, d1;
+      Tr::unpack2(ow[e], o0, o1);
+      Tr::unpack2(dw[e], d0, d1);
+      dot = fmaf(o1, d1, fmaf(o0, d0, dot));
+    }
 #pragma unroll
     for (int off = kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     const int r = it * kRowsAtOnce + sub;

@@ -1,6 +1,6 @@
 // attncompiler/v2_bwd_dq.cuh -- the deterministic dQ kernel of the v2 backward (sm_80+, mma.sync).
 //
-// v2_bwd_dq: grid (ceil(Nq / DQ_BLOCK_M), B * H), forward-like: each warp owns 16 * MT query rows
+// v2_bwd_dq: grid (ceil(Nq / DQ_BLOCK_M), H, B), forward-like: each warp owns 16 * MT query rows
 // and keeps their dQ (MT * D/8 * 4 fp32) in registers while the CTA walks the key tiles that the
 // mask's classifier does not prove EMPTY (K/V double-buffered with cp.async). Per tile:
 //   S = Q K^T, dP = dO V^T      (rows = queries: the forward's layout, so one Philox call serves
@@ -53,7 +53,7 @@ __device__ __forceinline__ void v2_bwd_dq(const AttnParams& p, const AttnBwdPara
   const unsigned int sV0 = sK0 + L::kKBytes;
 
   const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y;
+  const int bh = ac_grid_bh();
   const int b = bh / p.H;
   const int h = bh % p.H;
   const int h_kv = h / (p.H / p.H_kv);

@@ -1,6 +1,6 @@
 // attncompiler/v2_fwd.cuh -- FlashAttention-2 forward schedule (sm_80+, mma.sync).
 //
-// Grid (num_q_blocks, B*H): one CTA per BLOCK_M query rows of one (batch, head); the K/V loop runs
+// Grid (num_q_blocks, H, B): one CTA per BLOCK_M query rows of one (batch, head); the K/V loop runs
 // inside the CTA. NUM_WARPS warps each own 16*MT consecutive query rows (MT = 1 or 2 m16 tiles), so
 // warps never exchange data: the online softmax statistics (m, l) of a row live in the 4 lanes of a
 // quad, and O stays in registers until the single final rescale by 1/l.
@@ -312,7 +312,7 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
 
   // Heaviest (for causal: last) query blocks first, so the tail of the grid is short.
   const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y;
+  const int bh = ac_grid_bh();
   const int b = bh / p.H;
   const int h = bh % p.H;
   const int h_kv = h / (p.H / p.H_kv);

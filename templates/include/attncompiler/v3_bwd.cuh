@@ -1,6 +1,6 @@
 // attncompiler/v3_bwd.cuh -- Hopper (sm_90a) backward, dK / dV / dQ kernel: TMA + wgmma + warp specialization.
 //
-// Grid (ceil(Nk / BLOCK_N), B * H_kv); packed sequences (Cfg::VARLEN): B sequences, Nk the longest, each CTA
+// Grid (ceil(Nk / BLOCK_N), H_kv, B); packed sequences (Cfg::VARLEN): B sequences, Nk the longest, each CTA
 // in the view of its sequence (varlen.cuh, taken by the entry) with TMA rows from V3Rows (v3_rows.cuh). A CTA
 // owns BLOCK_N = 64 * NC keys of one (batch, kv head) and walks the
 // query blocks (BLOCK_M = 64 rows) of every query head of the group, as the v2 backward's dK/dV kernel
@@ -76,8 +76,9 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   // d = 64 and 128): there producer and consumers classify every position, as before (the same positions either way).
   constexpr bool kJump = NC > 1;
   const int kv_block = blockIdx.x;
-  walk.b = blockIdx.y / p.H_kv;
-  walk.h_kv = blockIdx.y % p.H_kv;
+  const int bhk = ac_grid_bh();  // (grid (key blocks, H_kv, B))
+  walk.b = bhk / p.H_kv;
+  walk.h_kv = bhk % p.H_kv;
   walk.G = p.H / p.H_kv;
   walk.nqb = (p.Nq + BM - 1) / BM;
   walk.total = walk.G * walk.nqb;

@@ -115,7 +115,7 @@ __device__ __forceinline__ void v3_bwd_dq_product(float (&acc)[NF], unsigned lon
 }
 
 // DQ_RED 2, after attn_bwd_kv: dQ (the element type, bp.dq with its strides) <- the tiled fp32 accumulator, rows
-// q0 .. q0 + 63 of (b, h) for the CTA (q0 / 64, b * H + h) of a grid (ceil(Nq / 64), B * H). Packed sequences: the
+// q0 .. q0 + 63 of (b, h) for the CTA (q0 / 64, h, b) of a grid (ceil(Nq / 64), H, B). Packed sequences: the
 // entry took the sequence's view (varlen.cuh moves dq and dq_accum), so the same addressing lands in the packed
 // rows. Each thread moves 4 columns at a time (one 16-byte streaming read of fp32, one 8-byte write); the lanes of a warp
 // cover whole rows (a row is D / 4 threads), so reads and writes are contiguous per row.
@@ -127,8 +127,8 @@ __device__ __forceinline__ void v3_bwd_dq_out(const AttnParams& p, const AttnBwd
   constexpr int kVecs = D / 4;  // 4-column vectors per row
   static_assert(L::DQ_RED == 2, "only the tiled accumulator is converted by a kernel of its own");
   static_assert(L::DQ_CHUNK % 4 == 0 && L::kDqRowFloats % 4 == 0, "a vector never straddles a chunk; 16-byte reads");
-  const int b = blockIdx.y / p.H;
-  const int h = blockIdx.y % p.H;
+  const int b = blockIdx.z;  // (grid (64-row blocks, H, B))
+  const int h = blockIdx.y;
   const int q0 = blockIdx.x * 64;
   const int rows = min(64, p.Nq - q0);
   ac_elem_t* dq = reinterpret_cast<ac_elem_t*>(bp.dq) + b * bp.dq_sb + h * bp.dq_sh;

@@ -1,6 +1,6 @@
 // attncompiler/v3_fwd.cuh -- FlashAttention-3 style forward (sm_90a): TMA + wgmma + warp specialization.
 //
-// Grid (num_q_blocks, B*H), or with PERSISTENT one CTA per SM looping over (query block, batch*head)
+// Grid (num_q_blocks, H, B), or with PERSISTENT one CTA per SM looping over (query block, batch*head)
 // tiles (heaviest first, round robin; the K/V ring and the ping-pong run on across tiles, Q is
 // reloaded once the consumers' S GEMMs of the previous tile are done). A CTA of (1 + NC) warpgroups
 // owns BLOCK_M = 64*NC query rows of one (batch, head) at a time:

@@ -54,7 +54,7 @@ __device__ __forceinline__ void v3_tile(int slot, int num_qb, const AttnParams& 
     bh = tile % nbh;
   } else {
     q_block = gridDim.x - 1 - blockIdx.x;
-    bh = blockIdx.y;
+    bh = ac_grid_bh();
   }
 }
 

@@ -30,7 +30,7 @@ namespace ac {
 // The trace's tile index: the persistent grid's tile, else the CTA's.
 template <bool kPersistent>
 __device__ __forceinline__ int v3_trace_tile(int tile) {
-  return kPersistent ? tile : (int)(blockIdx.y * gridDim.x + blockIdx.x);
+  return kPersistent ? tile : (int)(ac_grid_bh() * gridDim.x + blockIdx.x);
 }
 
 // Trace slots (AC_V3_TRACE): 0 SM id, 1 CTA start, 2 Q landed (consumer 0), 3 first S done, 4 first
