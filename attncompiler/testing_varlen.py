@@ -12,6 +12,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from .reference import error_ratio_check
+from .testing import _inputs_generator
 from .varlen import eager_varlen, reference_varlen
 
 __all__ = ["VarlenCheck", "make_varlen_inputs", "check_varlen_kernel", "check_varlen_grads"]
@@ -59,9 +60,10 @@ def check_varlen_kernel(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Se
                         H_kv: Optional[int] = None, seed: int = 1234, factor: float = 2.0, lse_tol: float = 2e-3,
                         buffers: Optional[Mapping[str, torch.Tensor]] = None,
                         max_seqlen: Optional[tuple[int, int]] = None) -> VarlenCheck:
-    """Forward (out and lse) of ``kernel`` on a packed batch against the float64 reference."""
+    """Forward (out and lse) of ``kernel`` on a packed batch against the float64 reference. ``seed`` seeds the inputs
+    (their own generator: the same call draws the same inputs whatever ran before it) and is the dropout seed."""
     sk = list(seqlens_q if seqlens_k is None else seqlens_k)
-    q, k, v, cu_q, cu_k = make_varlen_inputs(kernel, seqlens_q, sk, H, H_kv)
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kernel, seqlens_q, sk, H, H_kv, generator=_inputs_generator(seed))
     bufs = dict(kernel._buffers)
     if buffers:
         bufs.update(buffers)
@@ -86,16 +88,17 @@ def check_varlen_grads(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Seq
     """dq, dk, dv of ``kernel`` on a packed batch (poisoned before the kernels run) against float64
     autograd of the reference, by the error-ratio rule; ``use_lse`` adds lse to the loss;
     ``buffer_grads`` names float buffers made learnable (``requires_grad``) whose gradients are checked
-    too."""
+    too. ``seed`` seeds the inputs and output gradients (their own generator) and is the dropout seed."""
     from . import autograd
 
     sk = list(seqlens_q if seqlens_k is None else seqlens_k)
-    q, k, v, cu_q, cu_k = make_varlen_inputs(kernel, seqlens_q, sk, H, H_kv)
+    gen = _inputs_generator(seed)
+    q, k, v, cu_q, cu_k = make_varlen_inputs(kernel, seqlens_q, sk, H, H_kv, generator=gen)
     bufs = dict(kernel._buffers)
     if buffers:
         bufs.update(buffers)
-    dout = torch.randn(q.shape[0], H, kernel.ir.head_dim_v, device=q.device).to(q.dtype)
-    dlse = torch.randn(H, q.shape[0], device=q.device) if use_lse else None
+    dout = torch.randn(q.shape[0], H, kernel.ir.head_dim_v, device=q.device, generator=gen).to(q.dtype)
+    dlse = torch.randn(H, q.shape[0], device=q.device, generator=gen) if use_lse else None
 
     def run(fn, tensors, bufs_in):
         leaves = [t.detach().clone().requires_grad_() for t in tensors]

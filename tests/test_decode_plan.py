@@ -276,7 +276,7 @@ def test_launch_sequence(monkeypatch, fold):
         rt.launch_decode(_KS(plan), 11, 22, c, dims, P, None, None)
         if fold:
             ctr = addr if addr is not None else P.workspace + 4 * off
-            split = ("launch", 11, (c.num_splits, 8, 1), 128, plan.smem_bytes, ctr)
+            split = ("launch", 11, (c.num_splits, 8, 1), 128, plan.smem_bytes, ctr)  # (splits x row blocks, H_kv, B)
             zero = [] if addr is not None else [("zero", off, cnt)]
             assert calls == [("counters", cnt)] + zero + [split]
         else:
@@ -285,7 +285,7 @@ def test_launch_sequence(monkeypatch, fold):
     calls.clear()
     c1 = rt.split_choice(plan, AttnInputs(8, 32, 32, 1, 131072, 128, 128))
     rt.launch_decode(_KS(plan), 11, 22, c1, AttnInputs(8, 32, 32, 1, 131072, 128, 128), _fake_params(), None, None)
-    assert calls == [("launch", 11, (1, 256, 1), 128, plan.smem_bytes, None)]  # one split: no combine, no counters
+    assert calls == [("launch", 11, (1, 32, 8), 128, plan.smem_bytes, None)]  # one split: no combine, no counters
 
 
 def test_bulk_launch_checks_alignment(monkeypatch):
@@ -404,5 +404,22 @@ def test_decode_launch_reuses_maps_per_pointers(monkeypatch):
     for k in (0x10000, 0x10000, 0x30000, 0x10000):
         dl.launch(_fake_params(k=k), 0)
     assert encoded == [("k", 0x10000), ("v", 0x20000), ("k", 0x30000), ("v", 0x20000)]
-    split, combine = (11, (c.num_splits, 4, 1), 4), (22, (-(-2 * 8 // plan.combine_warps), 1, 1), 3)
+    split, combine = (11, (c.num_splits, 2, 2), 4), (22, (-(-2 * 8 // plan.combine_warps), 1, 1), 3)
     assert calls == [split, combine] * 4
+
+
+def test_split_grid_holds_row_blocks_on_x_and_the_batch_on_z():
+    """(num_splits * row_blocks, H_kv, B): B * H_kv may pass the grid's y limit (tests/test_gpu_large_batch.py)."""
+    plan = pd.plan_decode(ProblemDims(64), "sm_90")
+    dims = AttnInputs(40000, 16, 2, 3, 65, 64, 64)  # 8 heads x 3 queries: 2 row blocks of 16
+    c = rt.split_choice(plan, dims, 2)
+    assert (c.num_splits, c.row_blocks) == (2, 2)
+    assert rt.split_grid(c, dims) == (4, 2, 40000)
+
+
+def test_counters_past_an_arena_come_from_the_workspace():
+    """fold_combine's counters, more than an arena holds: _counters says None (before touching CUDA), and the launch
+    takes the workspace's own, zeroed in the call."""
+    from attncompiler.runtime.counters import ARENA_INTS
+
+    assert rt._counters("cuda:0", ARENA_INTS + 1) is None

@@ -28,7 +28,9 @@
 // The flattened (batch, head) index b * heads + h of a CTA. Launches put the heads (query or K/V heads, as the kernel
 // works) on the grid's y and the batch on its z, each at most 65535, so that B * H is not bound by one grid limit
 // (runtime/launch.py checks both).
+#ifdef __CUDACC__  // (device builtins; the host tests compile this header with g++)
 __device__ __forceinline__ int ac_grid_bh() { return (int)(blockIdx.z * gridDim.y + blockIdx.y); }
+#endif
 
 // Clamp a buffer index into [0, n): a mod that indexes out of range reads the edge element.
 AC_HOST_DEVICE __forceinline__ int ac_clamp(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
@@ -80,11 +82,13 @@ template <> struct ac_type_traits<__nv_bfloat16> {
   }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+#ifdef __CUDACC__
   // lo, hi <- the two elements packed in w (lo in the low half), exactly, without taking w's address
   static __device__ __forceinline__ void unpack2(unsigned int w, float& lo, float& hi) {
     lo = __uint_as_float(w << 16);
     hi = __uint_as_float(w & 0xffff0000u);
   }
+#endif
   // lo, hi <- their values rounded as pack2 rounds them
   static __device__ __forceinline__ void round2(float& lo, float& hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -100,10 +104,12 @@ template <> struct ac_type_traits<__half> {
   }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+#ifdef __CUDACC__
   static __device__ __forceinline__ void unpack2(unsigned int w, float& lo, float& hi) {
     lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
     hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
   }
+#endif
   static __device__ __forceinline__ void round2(float& lo, float& hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     lo = __half2float(v.x);
