@@ -5,11 +5,13 @@ a large decode batch), ours against torch's SDPA backends in the same process.
 
 Shapes (bf16, forward, no mask): Swin-style windows of 7 x 7 = 49 tokens (B = 4096 windows, H = 32, d = 32, then
 H = 16, d = 64), and 64-token windows (B = 2048, H = 64, d = 64). Triton's do_bench median (ms), interleaved over
-ROUNDS rounds; the last lines are the medians and ours / each peer as a speedup. FLOPs: 4 B H N^2 d. HBM bytes: q, k,
+ROUNDS rounds; the last lines are the medians and ours / each peer as a speedup. MANY_HEADS_ALTERNATIVES=1 adds
+other plans of ours (v3 on its one-tile-per-CTA grid, v3 at 64 query rows, v2, v2 at 64 rows). FLOPs: 4 B H N^2 d. HBM bytes: q, k,
 v read and o written once (4 B H N d x 2 bytes), which bound kernels this short more than their FLOPs do.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 
@@ -21,6 +23,11 @@ import attncompiler as ac
 from attncompiler.spec import presets
 
 SHAPES = ((4096, 32, 49, 32), (4096, 16, 49, 64), (2048, 64, 64, 64))
+#: our kernels: "ours" is schedule="auto"; the alternatives are named "ours-..."
+OURS = {"ours": ("auto", {})}
+if os.environ.get("MANY_HEADS_ALTERNATIVES"):
+    OURS.update({"ours-v3-grid": ("v3", {"persistent": False}), "ours-v3-bm64": ("v3", {"block_m": 64}),
+                 "ours-v2": ("v2", {}), "ours-v2-bm64": ("v2", {"block_m": 64})})
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -43,10 +50,12 @@ def main(rounds: int = 3) -> None:
     cases = []
     for B, H, N, d in SHAPES:
         q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        kern = ac.compile(presets.plain(d))
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        assert (kern(q, k, v).float() - ref).abs().max().item() < 0.05, (B, H, N, d)
-        fns = {"ours": lambda kern=kern, q=q, k=k, v=v: kern(q, k, v)}
+        fns = {}
+        for label, (schedule, opts) in OURS.items():
+            kern = ac.compile(presets.plain(d), schedule, **opts)
+            assert (kern(q, k, v).float() - ref).abs().max().item() < 0.05, (label, B, H, N, d)
+            fns[label] = lambda kern=kern, q=q, k=k, v=v: kern(q, k, v)
         for name, be in PEERS.items():
             try:
                 _sdpa(be, q, k, v)()
@@ -61,7 +70,7 @@ def main(rounds: int = 3) -> None:
     for (B, H, N, d), fns, times in cases:
         med = {n: statistics.median(t) for n, t in times.items()}
         flops, nbytes = 4 * B * H * N * N * d, 4 * B * H * N * d * 2
-        parts = ", ".join(f"{n} {m:.3f} ms ({flops / m / 1e9:.0f} TFLOP/s, {nbytes / m / 1e9:.0f} GB/s)"
+        parts = ", ".join(f"{n} {m:.3f} ms ({flops / m / 1e9:.0f} TFLOP/s, {nbytes / m / 1e6:.0f} GB/s)"
                           for n, m in med.items())
         ratios = ", ".join(f"ours/{n} {med[n] / med['ours']:.2f}x" for n in med if n != "ours")
         print(f"B={B} H={H} N={N} d={d} (B*H={B * H}): {parts}; speedup {ratios}")
