@@ -13,8 +13,9 @@ from . import autograd as _autograd
 from .codegen.schedule import KernelSource, Schedule, ScheduleError, get_schedule
 from .ir.build import build_ir
 from .ir.types import AttentionIR
-from .plan.model import Plan
+from .plan.model import Plan, PlanError
 from .plan.planner import check_plan_options, choose_auto
+from .plan.short import short_reason
 from .plan.targets import Target, detect_target, get_target
 from .runtime import fastpath as _fastpath
 from .runtime import spills as _spills
@@ -58,6 +59,10 @@ class CompiledAttention:
     _decode: "CompiledAttention | None" = field(default=None, repr=False)
     _v2: "CompiledAttention | None" = field(default=None, repr=False)  # auto: v3's per-call fallback
     _decode_cp: "CompiledAttention | None" = field(default=None, repr=False)  # auto: decode's cp.async fallback
+    #: compiled with schedule="auto" and no block_m: calls whose queries fit one 64-row tile run this schedule's
+    #: 64-row kernel (plan/short.py short_applies), compiled on first use into ``_short``
+    auto_short: bool = field(default=False, repr=False)
+    _short: "CompiledAttention | None" = field(default=None, repr=False)
     #: forward launches by call signature (runtime/fastpath.py): a repeated call skips the checks and the packing
     _recipes: dict[tuple, Any] = field(default_factory=dict, repr=False)
     #: backward launches by call signature (runtime/bwd_fastpath.py), for backwards with the kernel's own buffers
@@ -262,7 +267,7 @@ class CompiledAttention:
             dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
             # split-KV decode, or v2 for strides TMA cannot describe (same semantics and lse)
-            dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v)
+            dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v) or self._short_kernel(dims)
             if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
                                           seed=seed, offset=offset, buffers=buffers, out=out, dims=dims,
@@ -346,6 +351,19 @@ class CompiledAttention:
         if all(tma_layout_error(n, t) is None for n, t in (("q", q), ("k", k), ("v", v))):
             return None
         return self._sibling("_v2", "v2")
+
+    def _short_kernel(self, dims: Any) -> "CompiledAttention | None":
+        """Under ``auto_short``, this schedule's kernel at 64 query rows for a call whose queries fit one such tile
+        (:func:`attncompiler.plan.short.short_applies`); None where the rule or that plan does not apply."""
+        from .plan.short import SHORT_BLOCK_M, short_applies
+
+        if not self.auto_short or not short_applies(self.schedule, self.plan, dims.Nq)[0]:
+            return None
+        try:
+            return self._sibling("_short", self.schedule, block_m=SHORT_BLOCK_M)
+        except PlanError:  # a variant the 64-row plan cannot hold: the kernel's own plan, from now on
+            self.auto_short = False
+            return None
 
     def _sibling(self, attr: str, schedule: str, **plan_options: Any) -> "CompiledAttention":
         """This spec's kernel for ``schedule`` (unbuilt; ``plan_options`` as compile's), compiled on first use
@@ -470,6 +488,7 @@ def compile(
                                 f"({found.path or 'in memory'})")
                 auto_reasons = (f"without a tuned plan: {choice.reason}",)
     sched: Schedule = get_schedule(name)
+    auto_short = schedule == "auto" and "block_m" not in plan_options  # (plan/short.py; a tuned block_m stays)
     do_build = build if build is not None else (target is None)
     key = (ir_key, name, tgt.name, tuple(sorted(plan_options.items())), schedule == "auto")
     with _cache_lock:
@@ -486,6 +505,8 @@ def compile(
             sched = get_schedule(name)
             plan = sched.make_plan(ir, tgt)
         reasons = ((tuned_reason,) if tuned_reason is not None else ()) + auto_reasons
+        short = short_reason(lambda **o: sched.make_plan(ir, tgt, **o), name, plan) if auto_short else None
+        reasons += (short,) if short is not None else ()
         if reasons:
             plan = dataclasses.replace(plan, reasons=(*reasons, *plan.reasons))
         ks = sched.render(ir, plan, tgt)
@@ -494,13 +515,14 @@ def compile(
             if better is not None:
                 plan = dataclasses.replace(better, reasons=(*reasons, *better.reasons))
                 ks = sched.render(ir, plan, tgt)
-        hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values), auto_decode=schedule == "auto")
+        hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values), auto_decode=schedule == "auto",
+                                auto_short=auto_short)
         with _cache_lock:
             hit = _compiled.setdefault(key, hit)
         compiled = hit
     else:  # same code; this spec's own scale, dropout and buffer values
         compiled = CompiledAttention(spec, ir, hit.schedule, tgt, hit.kernel_source, dict(traced.buffer_values),
-                                     hit._loaded, hit._lock, auto_decode=schedule == "auto")
+                                     hit._loaded, hit._lock, auto_decode=schedule == "auto", auto_short=auto_short)
     if do_build:
         compiled.build()
     return compiled

@@ -2,6 +2,7 @@
 a large decode batch), ours against torch's SDPA backends in the same process.
 
     PYTHONPATH=. python3 benchmarks/bench_many_heads.py [ROUNDS]
+    PYTHONPATH=. python3 benchmarks/bench_many_heads.py --sweep [ROUNDS]   # where 64-row query tiles pay, over N
 
 Shapes (bf16, forward, no mask): Swin-style windows of 7 x 7 = 49 tokens (B = 4096 windows, H = 32, d = 32, then
 H = 16, d = 64), and 64-token windows (B = 2048, H = 64, d = 64). Triton's do_bench median (ms), interleaved over
@@ -76,5 +77,34 @@ def main(rounds: int = 3) -> None:
         print(f"B={B} H={H} N={N} d={d} (B*H={B * H}): {parts}; speedup {ratios}")
 
 
+def sweep(rounds: int = 3, tokens: int = 1 << 18) -> None:
+    """Where short query tiles pay: ours (schedule "auto") against v3 at 64 and at 128 query rows over N, B * N =
+    ``tokens``, H = 16, d = 64 and 128, no mask and causal; prints each median and the ratios to ours."""
+    plans = {"ours": ("auto", {}), "v3-bm64": ("v3", {"block_m": 64}), "v3-bm128": ("v3", {"block_m": 128})}
+    cases = []
+    for d in (64, 128):
+        base = [torch.randn(tokens * 16 * d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]  # shared views
+        for causal in (False, True):
+            spec = presets.causal(d) if causal else presets.plain(d)
+            kerns = {n: ac.compile(spec, s, **o) for n, (s, o) in plans.items()}
+            for N in (49, 64, 96, 113, 128, 192, 256, 512):
+                B = max(1, tokens // N)
+                q, k, v = (t[:B * 16 * N * d].view(B, 16, N, d) for t in base)
+                cases.append(((d, causal, N, B), {n: (lambda kk=kk, q=q, k=k, v=v: kk(q, k, v))
+                                                 for n, kk in kerns.items()}, {n: [] for n in kerns}))
+    for _ in range(rounds):
+        for _, fns, times in cases:
+            for n, fn in fns.items():
+                times[n].append(_time(fn))
+    for (d, causal, N, B), _, times in cases:
+        med = {n: statistics.median(t) for n, t in times.items()}
+        print(f"d={d} {'causal' if causal else 'plain'} N={N} B={B}: "
+              + ", ".join(f"{n} {m:.3f} ms" for n, m in med.items()) + "; "
+              + ", ".join(f"ours/{n} {med[n] / med['ours']:.2f}x" for n in med if n != "ours"))
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    if "--sweep" in sys.argv:
+        sweep(int(sys.argv[-1]) if sys.argv[-1].isdigit() else 3)
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
