@@ -155,6 +155,7 @@ def test_decode_side_stream():
     k, v = (torch.randn(2, 2, 20000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     want = kern(q, k, v)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # (q, k, v and want are made on the current stream)
     with torch.cuda.stream(s):
         got = kern(q, k, v)
     s.synchronize()
