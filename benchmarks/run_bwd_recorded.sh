@@ -16,7 +16,7 @@ timeout 120 python3 benchmarks/host_backward.py "128:causal:n=1024,64:plain:n=25
   grep -E "us per backward|^  [a-z0-9_]" | head -30
 timeout 150 python3 benchmarks/host_step.py --ab ${AB:-9} --steps 100 --profile 0 2>&1 | tail -2
 if [ "${FUZZ_S:-0}" -gt 0 ]; then
-  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-104611}" --v1-every 0 --bwd-every 2 \
+  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-104731}" --v1-every 0 --bwd-every 2 \
     --decode-every 4 --v3-every 1 --chunk 24 > "$out/fuzz.log" 2>&1
   tail -4 "$out/fuzz.log"
 fi

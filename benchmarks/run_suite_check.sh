@@ -17,7 +17,7 @@ echo "PYTEST_RC=$?"
 grep -E "^(FAILED|ERROR)|passed|failed|Timeout|most recent call first" "$out/suite.log" | tail -30
 grep -A27 "slowest 25 durations" "$out/suite.log" | tail -26
 if [ "${FUZZ_S:-0}" -gt 0 ]; then
-  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-104611}" --v1-every 0 --bwd-every 0 \
+  timeout "$FUZZ_S" python3 benchmarks/fuzz_long.py 400 --start "${FUZZ_START:-104731}" --v1-every 0 --bwd-every 0 \
     --decode-every 0 --v3-every 1 --chunk 24 > "$out/fuzz.log" 2>&1
   tail -4 "$out/fuzz.log"
 fi
