@@ -13,9 +13,9 @@ from . import autograd as _autograd
 from .codegen.schedule import KernelSource, Schedule, ScheduleError, get_schedule
 from .ir.build import build_ir
 from .ir.types import AttentionIR
-from .plan.model import Plan, PlanError
+from .plan.model import Plan
 from .plan.planner import check_plan_options, choose_auto
-from .plan.short import short_reason
+from .plan.short import SHORT_BLOCK_M, short_applies, short_reason
 from .plan.targets import Target, detect_target, get_target
 from .runtime import fastpath as _fastpath
 from .runtime import spills as _spills
@@ -59,8 +59,8 @@ class CompiledAttention:
     _decode: "CompiledAttention | None" = field(default=None, repr=False)
     _v2: "CompiledAttention | None" = field(default=None, repr=False)  # auto: v3's per-call fallback
     _decode_cp: "CompiledAttention | None" = field(default=None, repr=False)  # auto: decode's cp.async fallback
-    #: compiled with schedule="auto" and no block_m: calls whose queries fit one 64-row tile run this schedule's
-    #: 64-row kernel (plan/short.py short_applies), compiled on first use into ``_short``
+    #: compiled with schedule="auto", no block_m, and a plan taller than the 64-row one, which exists for the variant:
+    #: calls whose queries fit one 64-row tile run that kernel (plan/short.py), compiled on first use into ``_short``
     auto_short: bool = field(default=False, repr=False)
     _short: "CompiledAttention | None" = field(default=None, repr=False)
     #: forward launches by call signature (runtime/fastpath.py): a repeated call skips the checks and the packing
@@ -354,16 +354,10 @@ class CompiledAttention:
 
     def _short_kernel(self, dims: Any) -> "CompiledAttention | None":
         """Under ``auto_short``, this schedule's kernel at 64 query rows for a call whose queries fit one such tile
-        (:func:`attncompiler.plan.short.short_applies`); None where the rule or that plan does not apply."""
-        from .plan.short import SHORT_BLOCK_M, short_applies
-
+        (:func:`attncompiler.plan.short.short_applies`), else None."""
         if not self.auto_short or not short_applies(self.schedule, self.plan, dims.Nq)[0]:
             return None
-        try:
-            return self._sibling("_short", self.schedule, block_m=SHORT_BLOCK_M)
-        except PlanError:  # a variant the 64-row plan cannot hold: the kernel's own plan, from now on
-            self.auto_short = False
-            return None
+        return self._sibling("_short", self.schedule, block_m=SHORT_BLOCK_M)
 
     def _sibling(self, attr: str, schedule: str, **plan_options: Any) -> "CompiledAttention":
         """This spec's kernel for ``schedule`` (unbuilt; ``plan_options`` as compile's), compiled on first use
@@ -516,13 +510,13 @@ def compile(
                 plan = dataclasses.replace(better, reasons=(*reasons, *better.reasons))
                 ks = sched.render(ir, plan, tgt)
         hit = CompiledAttention(spec, ir, name, tgt, ks, dict(traced.buffer_values), auto_decode=schedule == "auto",
-                                auto_short=auto_short)
+                                auto_short=short is not None)
         with _cache_lock:
             hit = _compiled.setdefault(key, hit)
         compiled = hit
     else:  # same code; this spec's own scale, dropout and buffer values
         compiled = CompiledAttention(spec, ir, hit.schedule, tgt, hit.kernel_source, dict(traced.buffer_values),
-                                     hit._loaded, hit._lock, auto_decode=schedule == "auto", auto_short=auto_short)
+                                     hit._loaded, hit._lock, auto_decode=schedule == "auto", auto_short=hit.auto_short)
     if do_build:
         compiled.build()
     return compiled
