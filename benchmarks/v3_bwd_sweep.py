@@ -6,7 +6,8 @@ Each item is ``d:variant[:option=value...]``: the variant is ``plain``, ``causal
 that hides nothing: mask code compiled in, every tile FULL) or ``cudnn`` / ``cudnn_causal`` (torch SDPA's cuDNN
 backend, the reference); the options are the backward's (``schedule`` "v2" / "v3" / "auto",
 v3's ``consumers``, ``stages``, ``dq_split_n``, ``dq_red``, ``dkv_split``, ``dq_wide``, ``dq_chunk``, ``dq_pad``, or
-v2's plan options; ``n=4096`` sets the sequence length, B = 16384 // n; ``deterministic=true`` calls the kernel
+v2's plan options; ``n=4096`` sets the sequence length, B = 16384 // n; ``dv=128`` sets V's head dim (default d;
+FLOPs then 2.5 x 2 B H N^2 (d + dv)); ``deterministic=true`` calls the kernel
 with ``deterministic=True``; ``define=NAME`` renders the backward with ``#define NAME 1`` in front, for A/B runs of
 source-level variants).  FLOPs: backward = 2.5 x the forward's 4 B H N^2 d, halved when causal.  Each config times
 ``torch.autograd.grad`` of a retained graph (backward only; triton's do_bench median over two input sets); with
@@ -14,6 +15,7 @@ ROUNDS > 1 configs are timed once per round in order, and the median over the ro
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -38,18 +40,19 @@ def main(argv: list[str]) -> int:
         d = int(d_s)
         options = {k: option_value(v) for k, v in (o.split("=") for o in opts)}
         N = int(options.pop("n", 16384))
+        dv = int(options.pop("dv", d))
         det = bool(options.pop("deterministic", False))
         define = options.pop("define", None)
         B, H = max(1, 16384 // N), 2048 // d
-        if (d, N) not in inputs:
-            sets = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
-                          for _ in range(3)) for _ in range(2)]
-            inputs[(d, N)] = (sets, torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16))
-        sets, dout = inputs[(d, N)]
+        if (d, dv, N) not in inputs:
+            sets = [tuple(torch.randn(B, H, N, x, device="cuda", dtype=torch.bfloat16).requires_grad_()
+                          for x in (d, d, dv)) for _ in range(2)]
+            inputs[(d, dv, N)] = (sets, torch.randn(B, H, N, dv, device="cuda", dtype=torch.bfloat16))
+        sets, dout = inputs[(d, dv, N)]
         causal = var.endswith("causal")
-        flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
+        flops = 2.5 * 2 * B * H * N * N * (d + dv) / (2 if causal else 1)
         if var.startswith("sliding_window"):
-            flops = 2.5 * 4 * B * H * d * _visible_pairs(var, N)
+            flops = 2.5 * 2 * B * H * (d + dv) * _visible_pairs(var, N)
         try:
             if var.startswith("cudnn"):
                 def fn(q, k, v):
@@ -62,6 +65,8 @@ def main(argv: list[str]) -> int:
                     spec = presets.causal(d) if causal else presets.plain(d)
                     if var.startswith("sliding_window"):  # window W (1024 unless named); FLOPs: its band
                         spec = presets.sliding_window(int(var[len("sliding_window"):] or 1024), d)
+                if dv != d:
+                    spec = dataclasses.replace(spec, head_dim_v=dv)
                 fn = ac.compile(spec)
                 fn.backward_options = options
             outs = [fn(*s, deterministic=True) if det else fn(*s) for s in sets]

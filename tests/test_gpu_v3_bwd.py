@@ -2,7 +2,7 @@
 
 On an H100 / H200 ``kern(q, k, v).backward(...)`` runs the v3 backward for head dims 48 to 128 (every
 preset and example of ``test_gpu_backward.py`` then goes through it); these tests add what only v3 has
-(its plan options, d = 256 with dK / dV split by columns over the warpgroups) and keep the v2 backward checked
+(its plan options, d = 192 and 256 with dK / dV split by columns over the warpgroups) and keep the v2 backward checked
 on Hopper, where the automatic choice no longer runs it.
 """
 from __future__ import annotations
@@ -67,6 +67,9 @@ def _precompile():
         jobs.append((bwd_source(build_ir(spec), tgt).source, tgt.nvrtc_arch))
     for name in PRESET_NAMES:
         jobs.append((bwd_source(build_ir(_spec(name, 256)), tgt, options={"schedule": "v3"}).source, tgt.nvrtc_arch))
+        for d, dv in _PADDED_SPLIT_DIMS:
+            ir = build_ir(dataclasses.replace(_spec(name, d), head_dim_v=dv))
+            jobs.append((bwd_source(ir, tgt).source, tgt.nvrtc_arch))
     for opts in _OPTION_SETS:
         for d in (64, 128):
             for name in ("causal", "document"):
@@ -96,8 +99,9 @@ def test_auto_backward_is_v3_on_hopper(head_dim):
     # deterministic dQ runs v3 too (CTAs take turns per query block); head dims v3 cannot tile stay on v2
     det = ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
     assert "schedule v3 backward" in det and "DETERMINISTIC = true" in det
-    assert "schedule v2 backward" in ac.compile(presets.causal(192)).backward_source()
+    assert "schedule v2 backward" in ac.compile(presets.causal(160)).backward_source()
     assert "DKV_SPLIT = true" in ac.compile(presets.causal(256)).backward_source()  # dK / dV split by columns
+    assert "DKV_SPLIT = true" in ac.compile(presets.causal(192)).backward_source()  # (D rounded up to 256)
     assert "schedule v3 backward" in ac.compile(presets.causal(96)).backward_source()
 
 
@@ -178,6 +182,45 @@ def test_v3_d256_splits_dk_dv_by_columns(name):
         assert (r := check_kernel_grads(mixed, 2, 2, 300)).ok, f"D=256, DV=128: {r}"
 
 
+# (D, DV) of whole 64-column boxes above 128 that are not multiples of 128: with dK / dV split by columns the kernel
+# rounds them up to 256 (MLA's 192 x 128: warpgroup 1 owns dK / dQ columns 128..255, of which 192..255 are TMA's
+# zero fill, computed and never stored)
+_PADDED_SPLIT_DIMS = ((192, 128), (192, 192), (128, 192))
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_v3_split_dims_rounded_up(name):
+    for d, dv in _PADDED_SPLIT_DIMS:
+        kern = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv))
+        src = kern.backward_source()
+        assert "schedule v3 backward" in src and "DKV_SPLIT = true" in src, (d, dv)
+        for nq, nk in ((113, 113), (1023, 1023), (300, 77)):
+            assert (r := check_kernel_grads(kern, 2, H, nq, nk)).ok, f"{name} {d}x{dv} {nq}x{nk}: {r}"
+        if name == "causal":
+            assert (r := check_kernel_grads(kern, 2, 4, 300, H_kv=2, use_lse=True)).ok, f"{d}x{dv}: {r}"
+            assert (r := check_kernel_grads(kern, 1, 2, 257, layout="bnhd")).ok, f"{d}x{dv}: {r}"
+            assert (r := check_kernel_grads(kern, 2, 2, 300, 77, deterministic=True)).ok, f"{d}x{dv} det: {r}"
+            fp16 = _kernel(dataclasses.replace(_spec(name, d, "fp16"), head_dim_v=dv))
+            assert (r := check_kernel_grads(fp16, 1, 2, 1023)).ok, f"{d}x{dv} fp16: {r}"
+            narrow = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_wide=False, dq_chunk=32)
+            assert "DQ_WIDE = false" in narrow.backward_source()
+            assert (r := check_kernel_grads(narrow, 2, H, 300, 77)).ok, f"{d}x{dv} dq_wide=False: {r}"
+            red1 = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_red=1)
+            assert (r := check_kernel_grads(red1, 2, H, 300, 77)).ok, f"{d}x{dv} dq_red=1: {r}"
+
+
+@needs_hopper
+def test_v3_split_dims_rounded_up_packed_sequences():
+    from attncompiler.testing_varlen import check_varlen_grads
+
+    kern = _kernel(dataclasses.replace(presets.causal(192), head_dim_v=128))
+    assert "DKV_SPLIT = true" in kern.backward_source()
+    for det in (False, True):
+        res = check_varlen_grads(kern, (0, 1, 113, 1023, 7, 256), (5, 0, 200, 1023, 64, 300), H=2, deterministic=det)
+        assert res.ok, f"deterministic={det}: {res}"
+
+
 @needs_hopper
 def test_v3_d256_packed_sequences():
     from attncompiler.testing_varlen import check_varlen_grads
@@ -238,7 +281,7 @@ def test_v3_backward_strides_tma_cannot_describe():
 
 @needs_hopper
 def test_v3_backward_refusals_name_the_reason():
-    kern = _kernel(presets.causal(192), schedule="v3")
+    kern = _kernel(presets.causal(160), schedule="v3")
     with pytest.raises(PlanError, match="multiple of 16 and <= 128"):
         kern.backward_source()
     with pytest.raises(PlanError, match=r"expected dq_red in \(0, 1, 2\), got 3"):

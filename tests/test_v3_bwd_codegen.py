@@ -16,8 +16,8 @@ from attncompiler.codegen.v3_bwd import DqTiles, V3BwdKernelSource, render_v3_bw
 from attncompiler.ir.build import build_ir
 from attncompiler.plan.model import PlanError, ProblemDims
 from attncompiler.plan.targets import get_target
-from attncompiler.plan.v3_bwd import (CONSUMER_REGS, dq_chunk, plan_v3_bwd, v3_bwd_auto_refusal, v3_bwd_refusal,
-                                      v3_bwd_register_estimate, v3_bwd_smem_bytes)
+from attncompiler.plan.v3_bwd import (CONSUMER_REGS, dq_chunk, plan_v3_bwd, split_width, v3_bwd_auto_refusal,
+                                     v3_bwd_refusal, v3_bwd_register_estimate, v3_bwd_smem_bytes)
 from attncompiler.runtime.backward import bwd_source
 from attncompiler.runtime.compiler import compile_with_nvcc
 from attncompiler.spec import presets
@@ -61,8 +61,10 @@ def test_plan_rejections_carry_numbers():
     assert "rejected consumers=2, dq_split_n: D=96 does not split" in odd.describe()
     assert plan_v3_bwd(ProblemDims(32), SM90).dq_split_n and dq_chunk(32, 2, True) == 16
     assert dq_chunk(80, 2, False) == 16 and dq_chunk(128, 2, True) == 64
-    with pytest.raises(PlanError, match="got D=192, DV=192"):
-        plan_v3_bwd(ProblemDims(192), SM90)
+    with pytest.raises(PlanError, match="got D=160, DV=160"):
+        plan_v3_bwd(ProblemDims(160), SM90)
+    with pytest.raises(PlanError, match=r"multiple of 64 in \[128, 256\], got D=64, DV=256"):
+        plan_v3_bwd(ProblemDims(64, 256), SM90)
     with pytest.raises(PlanError, match="needs sm_90a, got sm_80"):
         plan_v3_bwd(ProblemDims(128), "sm_80")
     with pytest.raises(PlanError, match=r"expected consumers in \(2, 1\), got 3"):
@@ -107,13 +109,32 @@ def test_plan_d256_splits_dk_dv_by_columns():
     assert (forced.block_n, forced.dkv_split, forced.dq_defer) == (64, True, False)
     with pytest.raises(PlanError, match="needs dkv_split"):
         plan_v3_bwd(ProblemDims(256), SM90, dkv_split=False)
-    with pytest.raises(PlanError, match=r"dkv_split expected D and DV multiples of 128 .*got D=64"):
+    with pytest.raises(PlanError, match=r"dkv_split expected D and DV multiples of 64 .*at least 128, got D=64"):
         plan_v3_bwd(ProblemDims(64), SM90, dkv_split=True)
     with pytest.raises(PlanError, match="dkv_split expected dq_defer=False"):
         plan_v3_bwd(ProblemDims(256), SM90, dq_defer=True)
     assert plan_v3_bwd(ProblemDims(256), SM90, deterministic=True).dkv_split  # the warpgroups add disjoint columns
     assert v3_bwd_refusal(ProblemDims(256), SM90) is None
     assert "got D=256, DV=96" in v3_bwd_refusal(ProblemDims(256, 96), SM90)
+
+
+def test_plan_split_rounds_head_dims_up_to_whole_halves():
+    """MLA's D = 192, DV = 128: dK / dV split by columns over D rounded up to 256, so each warpgroup's half is whole
+    boxes; the kernel is D = 256's in shared memory and registers, and computes (never stores) columns 192..255."""
+    mla = plan_v3_bwd(ProblemDims(192, 128), SM90)
+    wide = plan_v3_bwd(ProblemDims(256, 128), SM90)
+    assert (mla.dkv_split, mla.consumers, mla.dq_split_n, mla.stages, mla.dq_chunk) == (True, 2, True, 2, 64)
+    assert (mla.smem_bytes, mla.est_registers_per_thread) == (wide.smem_bytes, wide.est_registers_per_thread)
+    assert (split_width(192, True), split_width(128, True), split_width(192, False)) == (256, 128, 192)
+    assert "128 + 64 each of D, DV rounded up to 256, 128 (zero columns past D / DV" in mla.describe()
+    assert "columns split over the warpgroups (128 each)" in mla.describe()
+    assert plan_v3_bwd(ProblemDims(192), SM90).smem_bytes == plan_v3_bwd(ProblemDims(256), SM90).smem_bytes
+    assert v3_bwd_refusal(ProblemDims(192, 128), SM90) is None and v3_bwd_auto_refusal(ProblemDims(192, 128), SM90) is None
+    assert "in [128, 256], got D=160" in v3_bwd_refusal(ProblemDims(160, 128), SM90)
+    src = _render(dataclasses.replace(presets.causal(192), head_dim_v=128)).source
+    assert "static constexpr int D = 192;" in src and "DKV_SPLIT = true" in src
+    assert "DK_N == 128 && ac::V3BwdLayout<V3BwdConfig>::DV_N == 64" in src and "DQ_N == 128" in src
+    assert "m64n128k16" in src and "m64n64k16" in src  # dK (128 columns a warpgroup), dV and the dQ chunks (64)
 
 
 def test_plan_dq_wide_where_the_columns_span_several_chunks():
@@ -261,8 +282,8 @@ def test_runtime_picks_the_backward():
     assert isinstance(bwd_source(build_ir(presets.causal(96)), SM90), V3BwdKernelSource)
     assert bwd_source(build_ir(presets.causal(256)), SM90).plan.dkv_split  # AUTO_DKV_SPLIT
     assert bwd_source(build_ir(presets.causal(256)), SM90, options={"schedule": "v3"}).plan.dkv_split
-    with pytest.raises(PlanError, match=r"multiple of 128 and <= 256, got D=192"):
-        bwd_source(build_ir(presets.causal(192)), SM90, options={"schedule": "v3"})
+    with pytest.raises(PlanError, match=r"multiple of 64 in \[128, 256\], got D=160"):
+        bwd_source(build_ir(presets.causal(160)), SM90, options={"schedule": "v3"})
     with pytest.raises(PlanError, match="expected one of"):
         bwd_source(ir, SM90, options={"schedule": "v9"})
     with pytest.raises(PlanError, match=r"expected plan options among .*got \['block_m'\]"):
@@ -376,7 +397,7 @@ def test_cli_show_backward_prints_what_backward_runs(capsys):
     assert "schedule v2 backward" in capsys.readouterr().out
     assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "64", "--option", "stages=3"]) == 0
     assert "3 Q/dO stages" in capsys.readouterr().out
-    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "192", "--option", "schedule=v3"]) != 0
+    assert main(["show", "causal", "--backward", "--arch", "sm_90", "--head-dim", "160", "--option", "schedule=v3"]) != 0
     assert "multiple of 16 and <= 128" in capsys.readouterr().err
 
 
@@ -391,7 +412,7 @@ def test_cli_plan_backward_explains_the_choice(capsys):
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "256"]) == 0
     out = capsys.readouterr().out
     assert "v3_bwd plan" in out and "dK/dV split by columns (128 + 128 each" in out and "231464 B" in out
-    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "192"]) == 0
+    assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "160"]) == 0
     out = capsys.readouterr().out
     assert "v2_bwd plan" in out and "v3 backward not used: v3 backward: expected D a multiple of 16 and <= 128" in out
     assert main(["plan", "causal", "--backward", "--arch", "sm_90", "--head-dim", "96"]) == 0

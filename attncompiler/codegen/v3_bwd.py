@@ -19,7 +19,7 @@ from typing import Any
 
 from ..ir.types import AttentionIR
 from ..plan.targets import Target
-from ..plan.v3_bwd import DQ_TILE_ROWS, V3BwdPlan
+from ..plan.v3_bwd import DQ_TILE_ROWS, V3BwdPlan, split_width
 from ..runtime.launch import AttnInputs
 from ..runtime.params import BWD_PARAM_FIELDS, c_struct
 from .hooks import render_prelude
@@ -116,6 +116,8 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: b
         ptx_type=PTX_TYPES[ir.dtype],
         head_dim=ir.head_dim,
         head_dim_v=ir.head_dim_v,
+        split_dim=split_width(ir.head_dim, plan.dkv_split),
+        split_dim_v=split_width(ir.head_dim_v, plan.dkv_split),
         block_m=plan.block_m,
         block_n=plan.block_n,
         consumers=plan.consumers,

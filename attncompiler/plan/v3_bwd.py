@@ -6,8 +6,10 @@ Facts of the kernel as module constants:
   (wgmma's M), so BLOCK_N = 64 * consumers keys per CTA; every step takes BLOCK_M = 64 query rows (the
   N of S^T / dP^T, the K of dV / dK, the M of dQ, one 128-byte row of the dS^T tile).
 * Head dims are multiples of 16 (wgmma's k16 steps and n) and at most 128: each consumer thread keeps D/2 +
-  DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 128 up to 256),
-  ``dkv_split``: both consumers own the CTA's same 64 keys and split dK / dV by columns (D/4 + DV/4 fp32 each);
+  DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 64 up to 256),
+  ``dkv_split``: both consumers own the CTA's same 64 keys and split dK / dV by columns (D/4 + DV/4 fp32 each;
+  D and DV rounded up to multiples of 128 so that each half is whole boxes: MLA's D = 192 runs as 256, whose
+  last box TMA fills with zeros and whose columns past D are computed and never stored);
   each computes S^T, dP^T and dS^T whole (7 GEMM units a step where 5 are needed) into its own dS^T tile, and
   takes its half of dQ's columns from it, so the warpgroups never wait for each other.  A row of Q, K, V or dO is
   ceil(d/64) 64-column TMA boxes (128 bytes, the 128-byte swizzle's row), zero-filled past d (d = 96 takes
@@ -43,7 +45,7 @@ from .targets import Target
 from .v2_bwd import PRE_ROWS, PRE_WARPS
 
 __all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "dq_chunks", "v3_bwd_register_estimate",
-           "v3_bwd_refusal",
+           "v3_bwd_refusal", "split_width",
            "v3_bwd_auto_refusal", "AUTO_MIN_HEAD_DIM", "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD",
            "STAGES", "V3_BWD_OPTIONS", "DQ_TILE_ROWS"]
 
@@ -53,8 +55,12 @@ BOX_COLS = 64          # 64 x 2 bytes: one TMA box row of the 128-byte swizzle
 DQ_CHUNKS = (64, 32, 16)  # dQ columns per wgmma: the largest dividing the warpgroup's columns (no chunk
                           # straddles a 64-column box of K); one accumulator of chunk/2 fp32 live at a time
 MAX_HEAD_DIM = 128     # dK and dV of a warpgroup's 64 keys stay in its registers
-SPLIT_HEAD_DIM_STEP = 128  # dkv_split: each warpgroup's dK / dV columns (D/2, DV/2) are whole 64-column boxes
+SPLIT_HEAD_DIM_STEP = 64   # dkv_split: head dims of whole 64-column boxes (TMA zero-fills the boxes past D)
+SPLIT_WIDTH_STEP = 128     # dkv_split: the kernel's D and DV round up to this, so each warpgroup's dK / dV columns
+                           # (half of it) are whole boxes; at D = 192 warpgroup 1 takes 128..255, of which 192..255
+                           # are zero columns whose dK / dQ the kernel computes and never stores
 MAX_HEAD_DIM_SPLIT = 256   # dkv_split: D/4 + DV/4 <= 128 fp32 of dK and dV per thread
+MIN_HEAD_DIM_SPLIT = 128   # dkv_split: every warpgroup's half holds real columns (its first dQ chunk is inside D)
 DQ_PADS = (4, 0)       # fp32 of padding per staged dQ row, preferred first (0: swizzled rows, dq_red 2 only)
 HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ chunks)
 AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n32 dQ chunks and tiny GEMMs lose)
@@ -112,11 +118,18 @@ class V3BwdPlan(Plan):
         lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({owners}) x BLOCK_M={self.block_m} query "
                     f"rows per step, {self.stages} Q/dO stages; {self.num_threads} threads")
         how = "staged, bulk reductions into 16-row fp32 tiles" if self.dq_red == 2 else "fp32 reds"
-        lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups ({self.head_dim // self.consumers} each)"
+        lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups "
+                                          f"({split_width(self.head_dim, self.dkv_split) // self.consumers} each)"
                                           if self.dq_split_n else "keys split over the warpgroups (all columns)")
                      + ("; deterministic: CTAs take turns per query block in key-block order" if self.deterministic
                         else ""))
         return lines
+
+
+def split_width(x: int, dkv_split: bool) -> int:
+    """The kernel's width of a head dim (V3BwdLayout::DKP / DVP): with ``dkv_split`` rounded up to
+    :data:`SPLIT_WIDTH_STEP`, so that each warpgroup's half is whole 64-column boxes; else ``x``."""
+    return -(-x // SPLIT_WIDTH_STEP) * SPLIT_WIDTH_STEP if dkv_split else x
 
 
 def dq_chunk(d: int, consumers: int, dq_split_n: bool) -> int:
@@ -136,6 +149,7 @@ def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int 
     """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes); ``chunk`` defaults to
     :func:`dq_chunk`."""
     bn = WGMMA_M * (1 if dkv_split else consumers)
+    d, dv = split_width(d, dkv_split), split_width(dv, dkv_split)
     db, dvb = -(-d // BOX_COLS), -(-dv // BOX_COLS)
     kv = bn * (db + dvb) * 128
     stage = BLOCK_M * (db + dvb) * 128
@@ -151,6 +165,7 @@ def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool, 
                              chunk: int | None = None, dq_wide: bool = False) -> dict[str, int]:
     """Registers per consumer thread (a ranking model, not ptxas): the peak of the elementwise phase and of
     the GEMM phase on top of dK and dV."""
+    d, dv = split_width(d, dkv_split), split_width(dv, dkv_split)
     kv = (d // 2 + dv // 2) // (consumers if dkv_split else 1)
     elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
     chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
@@ -173,10 +188,10 @@ def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministi
     dims = resolve_dims(ir_or_dims)
     if _needs_dkv_split(dims.head_dim, dims.head_dim_v):
         for label, x in (("D", dims.head_dim), ("DV", dims.head_dim_v)):
-            if x % SPLIT_HEAD_DIM_STEP or x > MAX_HEAD_DIM_SPLIT:
+            if x % SPLIT_HEAD_DIM_STEP or not MIN_HEAD_DIM_SPLIT <= x <= MAX_HEAD_DIM_SPLIT:
                 return (f"v3 backward: expected {label} a multiple of {HEAD_DIM_STEP} and <= {MAX_HEAD_DIM}, or (dK/dV "
-                        f"split by columns over the warpgroups) a multiple of {SPLIT_HEAD_DIM_STEP} and <= "
-                        f"{MAX_HEAD_DIM_SPLIT}, got D={dims.head_dim}, DV={dims.head_dim_v}")
+                        f"split by columns over the warpgroups) a multiple of {SPLIT_HEAD_DIM_STEP} in "
+                        f"[{MIN_HEAD_DIM_SPLIT}, {MAX_HEAD_DIM_SPLIT}], got D={dims.head_dim}, DV={dims.head_dim_v}")
         return None
     for label, x in (("D", dims.head_dim), ("DV", dims.head_dim_v)):
         if x % HEAD_DIM_STEP:
@@ -238,14 +253,15 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     needs_split = _needs_dkv_split(d, dv)
     if dkv_split is None:
         dkv_split = needs_split
-    if dkv_split and (d % SPLIT_HEAD_DIM_STEP or dv % SPLIT_HEAD_DIM_STEP):
+    if dkv_split and any(x % SPLIT_HEAD_DIM_STEP or x < MIN_HEAD_DIM_SPLIT for x in (d, dv)):
         raise PlanError(f"v3 backward: dkv_split expected D and DV multiples of {SPLIT_HEAD_DIM_STEP} (whole 64-column "
-                        f"boxes per warpgroup), got D={d}, DV={dv}")
+                        f"boxes), at least {MIN_HEAD_DIM_SPLIT}, got D={d}, DV={dv}")
     if needs_split and not dkv_split:
         raise PlanError(f"v3 backward: D={d}, DV={dv} needs dkv_split (dK + dV of 64 keys exceed one warpgroup's "
                         f"registers above {MAX_HEAD_DIM})")
     if dq_defer is None:
         dq_defer = not dkv_split
+    dw = split_width(d, dkv_split)  # the kernel's D: dQ and dK columns split over the warpgroups
     # dq_wide by default where a warpgroup's dQ spans several chunks, except with dropout (spills more at d = 256)
     wide_default = getattr(ir_or_dims, "dropout_p", 0.0) == 0.0
     if dkv_split and dq_defer:
@@ -272,21 +288,21 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 rejected.append(f"consumers={nc}, dq_split_n=False: deterministic dQ needs the warpgroups to add "
                                 f"disjoint columns")
                 continue
-            if split and (d % (16 * nc) or ((d // nc) % BOX_COLS and BOX_COLS % (d // nc))):
+            if split and (dw % (16 * nc) or ((dw // nc) % BOX_COLS and BOX_COLS % (dw // nc))):
                 rejected.append(f"consumers={nc}, dq_split_n: D={d} does not split into {nc} column blocks that are "
                                 f"multiples of 16 and whole 64-column boxes or parts of one")
                 continue
-            chunks = dq_chunks(d, nc, split)
+            chunks = dq_chunks(dw, nc, split)
             if dq_chunk is not None:
                 if dq_chunk not in chunks:
                     rejected.append(f"consumers={nc}, dq_split_n={split}: dq_chunk={dq_chunk} does not divide the "
-                                    f"warpgroup's {d // nc if split else d} dQ columns into whole boxes")
+                                    f"warpgroup's {dw // nc if split else d} dQ columns into whole boxes")
                     continue
                 chunks = (dq_chunk,)
             for chunk in chunks:
                 # (a forced narrower chunk keeps one product per chunk unless dq_wide is forced too)
                 wide = (bool(dq_wide) if dq_wide is not None else
-                        wide_default and dq_chunk is None and (d // nc if split else d) > chunk)
+                        wide_default and dq_chunk is None and (dw // nc if split else d) > chunk)
                 regs = v3_bwd_register_estimate(d, dv, nc, split, dkv_split=dkv_split, chunk=chunk, dq_wide=wide)
                 if regs["total"] > CONSUMER_REGS[nc]:
                     rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "
@@ -310,12 +326,15 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
           rejected: list[str]) -> V3BwdPlan:
     """The accepted candidate with the reasons that explain it."""
     d, dv = dims.head_dim, dims.head_dim_v
+    dw, dvw = split_width(d, dkv_split), split_width(dv, dkv_split)
     bn = 64 if dkv_split else 64 * nc
+    padded = (f" of D, DV rounded up to {dw}, {dvw} (zero columns past D / DV, computed and never stored)"
+              if (dw, dvw) != (d, dv) else "")
     reasons = (
         f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
-        (f"BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups: dK/dV split by columns ({d // nc} + "
-         f"{dv // nc} each: D/2 + DV/2 > 128 fp32 per thread otherwise), S^T / dP^T / dS^T computed by each (7 GEMM "
-         f"units a step for 5)" if dkv_split else
+        (f"BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups: dK/dV split by columns ({dw // nc} + "
+         f"{dvw // nc} each{padded}: D/2 + DV/2 > 128 fp32 per thread otherwise), S^T / dP^T / dS^T computed by each "
+         f"(7 GEMM units a step for 5)" if dkv_split else
          f"BLOCK_N = 64 x {nc} consumer warpgroups = {bn} keys per CTA (wgmma M = 64 keys each)")
         + f"; BLOCK_M = {BLOCK_M} query rows per step",
         f"registers ~ dK+dV {regs['dk_dv']} + max(S^T+dP^T {regs['elementwise']}, fragments+dQ "
@@ -326,8 +345,8 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
            if dq_red else "") + f" = {smem} B",
         "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
                  f"split by keys: {nc} fp32 reds per element per step")
-        + (f", one wgmma of {d // nc if split else d} columns added in chunks of {chunk}" if dq_wide and
-           (d // nc if split else d) > chunk else f", chunks of {chunk} columns") + f"; {DQ_RED_WHY[dq_red]}"
+        + (f", one wgmma of {dw // nc if split else d} columns added in chunks of {chunk}" if dq_wide and
+           (dw // nc if split else d) > chunk else f", chunks of {chunk} columns") + f"; {DQ_RED_WHY[dq_red]}"
         + ("; deferred one step (the warpgroups wait only for each other's previous dS^T half)"
            if dq_defer else "; in the same step" + (" (each warpgroup's own dS^T)" if dkv_split else
                                                     " (the warpgroups meet at every step's dS^T)")),

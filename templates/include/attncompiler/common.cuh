@@ -25,10 +25,12 @@
 #define AC_LOG2E 1.4426950408889634f
 #define AC_LN2 0.6931471805599453f
 
-// The flattened (batch, head) index b * heads + h of a CTA. Launches put the heads (query or K/V heads, as the kernel
-// works) on the grid's y and the batch on its z, each at most 65535, so that B * H is not bound by one grid limit
-// (runtime/launch.py checks both).
+// A CTA's batch (or packed sequence) and head, and their flattened index b * heads + h. Launches put the heads (query
+// or K/V heads, as the kernel works) on the grid's y and the batch on its z, each at most 65535, so that B * H is not
+// bound by one grid limit (runtime/launch.py checks both).
 #ifdef __CUDACC__  // (device builtins; the host tests compile this header with g++)
+__device__ __forceinline__ int ac_grid_b() { return (int)blockIdx.z; }
+__device__ __forceinline__ int ac_grid_h() { return (int)blockIdx.y; }
 __device__ __forceinline__ int ac_grid_bh() { return (int)(blockIdx.z * gridDim.y + blockIdx.y); }
 #endif
 

@@ -72,8 +72,8 @@ __device__ __forceinline__ void decode_split(const AttnParams& p, const AttnBuff
 #endif
 
   const int split = blockIdx.x % dp.num_splits;
-  const int b = blockIdx.z;
-  const int hk = blockIdx.y;
+  const int b = ac_grid_b();
+  const int hk = ac_grid_h();
   const int R0 = blockIdx.x / dp.num_splits * L::BM;
   const int nrows = min(L::BM, dp.rows - R0);
   const int h0 = hk * dp.group;                  // first query head of the group

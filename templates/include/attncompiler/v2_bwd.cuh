@@ -280,9 +280,8 @@ __device__ __forceinline__ V2BwdKvPos v2_bwd_kv_pos(const AttnParams& p) {
   using T = ac_elem_t;
   V2BwdKvPos c;
   c.kv_block = blockIdx.x;
-  const int bhk = ac_grid_bh();
-  c.b = bhk / p.H_kv;
-  c.h_kv = bhk % p.H_kv;
+  c.b = ac_grid_b();  // (grid (key blocks, H_kv, B))
+  c.h_kv = ac_grid_h();
   c.G = p.H / p.H_kv;
   c.tid = threadIdx.x;
   c.warp = c.tid >> 5;

@@ -36,9 +36,9 @@ __device__ __forceinline__ void v2_bwd_pre(const AttnParams& p, const AttnBwdPar
   constexpr int kRowsAtOnce = 32 / kLanes;
   constexpr int kIters = (ROWS_PER_WARP + kRowsAtOnce - 1) / kRowsAtOnce;
   static_assert(kIters <= 8, "rows of one warp held in registers at once");
-  const int bh = ac_grid_bh();
-  const int b = bh / p.H;
-  const int h = bh % p.H;
+  const int b = ac_grid_b();
+  const int h = ac_grid_h();
+  const int bh = ac_grid_bh();  // b * H + h
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int sub = lane / kLanes;  // this lane's row among the kRowsAtOnce

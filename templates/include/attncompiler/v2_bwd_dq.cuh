@@ -53,9 +53,9 @@ __device__ __forceinline__ void v2_bwd_dq(const AttnParams& p, const AttnBwdPara
   const unsigned int sV0 = sK0 + L::kKBytes;
 
   const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int bh = ac_grid_bh();
-  const int b = bh / p.H;
-  const int h = bh % p.H;
+  const int b = ac_grid_b();
+  const int h = ac_grid_h();
+  const int bh = ac_grid_bh();  // b * H + h
   const int h_kv = h / (p.H / p.H_kv);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;

@@ -76,9 +76,8 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
   // d = 64 and 128): there producer and consumers classify every position, as before (the same positions either way).
   constexpr bool kJump = NC > 1;
   const int kv_block = blockIdx.x;
-  const int bhk = ac_grid_bh();  // (grid (key blocks, H_kv, B))
-  walk.b = bhk / p.H_kv;
-  walk.h_kv = bhk % p.H_kv;
+  walk.b = ac_grid_b();  // (grid (key blocks, H_kv, B))
+  walk.h_kv = ac_grid_h();
   walk.G = p.H / p.H_kv;
   walk.nqb = (p.Nq + BM - 1) / BM;
   walk.total = walk.G * walk.nqb;
@@ -246,6 +245,7 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
 #pragma unroll
     for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
       const int col = col0 + c * L::DQ_CHUNK;
+      if (L::DKP != D && c > 0 && col >= D) break;  // DKV_SPLIT past D (zero columns; chunk 0 is always inside)
       float acc_own[kWide ? 1 : L::DQ_CHUNK / 2];
       float(&acc_dq)[L::DQ_CHUNK / 2] =
           kWide ? reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_wide[kWide ? c * (L::DQ_CHUNK / 2) : 0])
@@ -466,11 +466,15 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
       ac_elem_t* dv = reinterpret_cast<ac_elem_t*>(bp.dv) + b * bp.dv_sb + h_kv * bp.dv_sh + (long long)key * bp.dv_sn +
                       (kKvSplit ? wg * DV_N : 0) + 2 * t;
 #pragma unroll
-      for (int nt = 0; nt < DK_N / 8; ++nt)
+      for (int nt = 0; nt < DK_N / 8; ++nt) {
+        if (L::DKP != D && (kKvSplit ? wg * DK_N : 0) + nt * 8 >= D) break;  // (DKV_SPLIT: zero columns past D)
         *reinterpret_cast<unsigned int*>(dk + nt * 8) = Tr::pack2(acc_dk[4 * nt + 2 * hf], acc_dk[4 * nt + 2 * hf + 1]);
+      }
 #pragma unroll
-      for (int nt = 0; nt < DV_N / 8; ++nt)
+      for (int nt = 0; nt < DV_N / 8; ++nt) {
+        if (L::DVP != DV && (kKvSplit ? wg * DV_N : 0) + nt * 8 >= DV) break;
         *reinterpret_cast<unsigned int*>(dv + nt * 8) = Tr::pack2(acc_dv[4 * nt + 2 * hf], acc_dv[4 * nt + 2 * hf + 1]);
+      }
     }
   }
 }

@@ -127,8 +127,8 @@ __device__ __forceinline__ void v3_bwd_dq_out(const AttnParams& p, const AttnBwd
   constexpr int kVecs = D / 4;  // 4-column vectors per row
   static_assert(L::DQ_RED == 2, "only the tiled accumulator is converted by a kernel of its own");
   static_assert(L::DQ_CHUNK % 4 == 0 && L::kDqRowFloats % 4 == 0, "a vector never straddles a chunk; 16-byte reads");
-  const int b = blockIdx.z;  // (grid (64-row blocks, H, B))
-  const int h = blockIdx.y;
+  const int b = ac_grid_b();  // (grid (64-row blocks, H, B))
+  const int h = ac_grid_h();
   const int q0 = blockIdx.x * 64;
   const int rows = min(64, p.Nq - q0);
   ac_elem_t* dq = reinterpret_cast<ac_elem_t*>(bp.dq) + b * bp.dq_sb + h * bp.dq_sh;

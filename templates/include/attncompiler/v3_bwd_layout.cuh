@@ -32,10 +32,14 @@ struct V3BwdLayout {
   // DKV_SPLIT (D or DV above 128): every consumer warpgroup owns the CTA's same 64 keys and keeps dK / dV columns
   // [w D / NC, (w + 1) D / NC) only (S^T and dP^T are then computed by each warpgroup: 7 GEMM units a step for 5)
   static constexpr bool kKvSplit = Cfg::DKV_SPLIT;
-  static constexpr int DK_N = kKvSplit ? D / NC : D;    // dK columns per warpgroup
-  static constexpr int DV_N = kKvSplit ? DV / NC : DV;  // dV columns per warpgroup
-  static constexpr int DB = (D + 63) / 64;    // 64-column boxes per row (TMA zero-fills the columns past D)
-  static constexpr int DVB = (DV + 63) / 64;
+  // the kernel's widths: with DKV_SPLIT D and DV rounded up to 128, so each warpgroup's half is whole boxes (D = 192:
+  // warpgroup 1 owns columns 128..255; the box past D is TMA's zero fill, and its dK / dQ columns are never stored)
+  static constexpr int DKP = kKvSplit ? (D + 127) / 128 * 128 : D;
+  static constexpr int DVP = kKvSplit ? (DV + 127) / 128 * 128 : DV;
+  static constexpr int DK_N = DKP / (kKvSplit ? NC : 1);  // dK columns per warpgroup
+  static constexpr int DV_N = DVP / (kKvSplit ? NC : 1);  // dV columns per warpgroup
+  static constexpr int DB = (DKP + 63) / 64;  // 64-column boxes per row (TMA zero-fills the columns past D)
+  static constexpr int DVB = (DVP + 63) / 64;
   static constexpr int kKBytes = BN * DB * 128;
   static constexpr int kVBytes = BN * DVB * 128;
   static constexpr int kQBytes = BM * DB * 128;
@@ -48,7 +52,7 @@ struct V3BwdLayout {
   static constexpr int kRowsOffset = kDSOffset + 2 * kDSBytes;
   static constexpr int kDqStageOffset = kRowsOffset + STAGES * 2 * kRowBytes;
   static constexpr bool kSplitN = Cfg::DQ_SPLIT_N;
-  static constexpr int DQ_N = kSplitN ? D / NC : D;  // dQ columns per warpgroup
+  static constexpr int DQ_N = kSplitN ? DKP / NC : D;  // dQ columns per warpgroup (chunks past D are skipped)
   static constexpr int DQ_K = kSplitN ? BN : 64;     // keys per warpgroup's dQ product
   // dQ columns per wgmma (the planner's: at most the largest of 64 / 32 / 16 dividing DQ_N, so no chunk straddles a
   // 64-column box of K; smaller where the staging would not fit shared memory)
@@ -83,10 +87,12 @@ struct V3BwdLayout {
   static_assert(BM == 64, "BLOCK_M = 64: the N of S^T / dP^T, the K of dV / dK, the M of dQ (one 128-byte row of dS^T)");
   static_assert(kKvSplit ? (BN == 64 && NC == 2) : (BN == 64 * NC && (NC == 1 || NC == 2)),
                 "each consumer warpgroup owns 64 keys (1 or 2 of them), or with DKV_SPLIT both own the same 64");
-  static_assert(D % 16 == 0 && DV % 16 == 0 && (kKvSplit ? (D % 128 == 0 && DV % 128 == 0 && D <= 256 && DV <= 256)
+  static_assert(D % 16 == 0 && DV % 16 == 0 && (kKvSplit ? (D % 64 == 0 && DV % 64 == 0 && D >= 128 && DV >= 128 &&
+                                                             D <= 256 && DV <= 256)
                                                          : (D <= 128 && DV <= 128)),
                 "head dims: multiples of 16 (wgmma k16 steps / n), at most 128 (dK and dV stay in registers), or with "
-                "DKV_SPLIT multiples of 128 up to 256 (each warpgroup's dK / dV columns are whole 64-column boxes)");
+                "DKV_SPLIT multiples of 64 in [128, 256] (whole boxes; each warpgroup's half of DKP / DVP is whole "
+                "boxes and starts inside D / DV)");
   static_assert(!kKvSplit || (kSplitN && !Cfg::DQ_DEFER),
                 "DKV_SPLIT: dQ split by columns, each warpgroup from its own dS^T copy, in the step (registers)");
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");

@@ -87,8 +87,8 @@ __device__ __forceinline__ P* varlen_rows(P* base, const AttnParams& p, const Va
 
 // Forward CTA (q_block, b, h): false when the block lies past the end of its sequence.
 __device__ __forceinline__ bool varlen_fwd_enter(AttnParams& p, int q0) {
-  const int b = blockIdx.z;  // (grid (blocks, H, B))
-  const int h = blockIdx.y;
+  const int b = ac_grid_b();  // (grid (blocks, H, B))
+  const int h = ac_grid_h();
   const VarlenSeq s = varlen_view(p, b);
   if (q0 >= p.Nq) return false;
   p.lse = varlen_rows(p.lse, p, s, b, h);
@@ -124,8 +124,8 @@ __device__ __forceinline__ VarlenSeq varlen_bwd_view(AttnParams& p, BP& bp, int 
 // their padded layout, and every padded row is written (the dK/dV and dQ kernels read them).
 template <int D, class BP>
 __device__ __forceinline__ void varlen_bwd_pre_enter(AttnParams& p, BP& bp) {
-  const int b = blockIdx.z;  // (grid (blocks, H, B))
-  const int h = blockIdx.y;
+  const int b = ac_grid_b();  // (grid (blocks, H, B))
+  const int h = ac_grid_h();
   const VarlenSeq s = varlen_bwd_view<D>(p, bp, b);
   p.lse = varlen_rows(p.lse, p, s, b, h);
   bp.dlse = varlen_rows(bp.dlse, p, s, b, h);
@@ -135,14 +135,14 @@ __device__ __forceinline__ void varlen_bwd_pre_enter(AttnParams& p, BP& bp) {
 // sequence has no queries (the launcher zeroes dK, dV of such sequences).
 template <int D, int kTiledRow = 0, class BP>
 __device__ __forceinline__ bool varlen_bwd_kv_enter(AttnParams& p, BP& bp, int kv0) {
-  varlen_bwd_view<D, BP, kTiledRow>(p, bp, blockIdx.z);
+  varlen_bwd_view<D, BP, kTiledRow>(p, bp, ac_grid_b());
   return kv0 < p.Nk && p.Nq > 0;
 }
 
 // dQ CTA (q_block, b, h): false when the block lies past the end of its sequence.
 template <int D, class BP>
 __device__ __forceinline__ bool varlen_bwd_dq_enter(AttnParams& p, BP& bp, int q0) {
-  varlen_bwd_view<D>(p, bp, blockIdx.z);
+  varlen_bwd_view<D>(p, bp, ac_grid_b());
   return q0 < p.Nq;
 }
 
