@@ -49,3 +49,9 @@ def test_a_variant_without_a_64_row_plan_keeps_its_own() -> None:
     kern = ac.compile(presets.alibi(presets.alibi_slopes(8), 256), target="sm_90", build=False)
     assert not any("BLOCK_M = 64 instead" in r for r in kern.plan.reasons)
     assert kern._short_kernel(AttnInputs(1, 8, 8, 49, 49, 256, 256)) is None and not kern.auto_short
+
+
+def test_a_plan_already_64_rows_tall_carries_no_rule() -> None:
+    kern = ac.compile(presets.sliding_window(256, 64), target="sm_90", build=False)  # the band picks 64-row tiles
+    assert kern.schedule == "v3" and kern.plan.block_m == SHORT_BLOCK_M and not kern.auto_short
+    assert kern._short_kernel(AttnInputs(1, 4, 4, 49, 49, 64, 64)) is None
