@@ -203,9 +203,13 @@ def test_v3_split_dims_rounded_up(name):
             assert (r := check_kernel_grads(kern, 2, 2, 300, 77, deterministic=True)).ok, f"{d}x{dv} det: {r}"
             fp16 = _kernel(dataclasses.replace(_spec(name, d, "fp16"), head_dim_v=dv))
             assert (r := check_kernel_grads(fp16, 1, 2, 1023)).ok, f"{d}x{dv} fp16: {r}"
-            narrow = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_wide=False, dq_chunk=32)
-            assert "DQ_WIDE = false" in narrow.backward_source()
-            assert (r := check_kernel_grads(narrow, 2, H, 300, 77)).ok, f"{d}x{dv} dq_wide=False: {r}"
+            assert "DQ_WIDE = false" in src  # (chunk by chunk skips the zero columns' chunk)
+            narrow = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_chunk=32)
+            assert "DQ_WIDE = false" in narrow.backward_source() and "DQ_CHUNK = 32" in narrow.backward_source()
+            assert (r := check_kernel_grads(narrow, 2, H, 300, 77)).ok, f"{d}x{dv} dq_chunk=32: {r}"
+            wide = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_wide=True)
+            assert "DQ_WIDE = true" in wide.backward_source()
+            assert (r := check_kernel_grads(wide, 2, H, 300, 77)).ok, f"{d}x{dv} dq_wide=True: {r}"
             red1 = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_red=1)
             assert (r := check_kernel_grads(red1, 2, H, 300, 77)).ok, f"{d}x{dv} dq_red=1: {r}"
 

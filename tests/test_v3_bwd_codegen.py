@@ -124,6 +124,8 @@ def test_plan_split_rounds_head_dims_up_to_whole_halves():
     mla = plan_v3_bwd(ProblemDims(192, 128), SM90)
     wide = plan_v3_bwd(ProblemDims(256, 128), SM90)
     assert (mla.dkv_split, mla.consumers, mla.dq_split_n, mla.stages, mla.dq_chunk) == (True, 2, True, 2, 64)
+    assert not mla.dq_wide and wide.dq_wide  # chunk by chunk skips the zero columns' chunk
+    assert plan_v3_bwd(ProblemDims(192, 128), SM90, dq_wide=True).dq_wide
     assert (mla.smem_bytes, mla.est_registers_per_thread) == (wide.smem_bytes, wide.est_registers_per_thread)
     assert (split_width(192, True), split_width(128, True), split_width(192, False)) == (256, 128, 192)
     assert "128 + 64 each of D, DV rounded up to 256, 128 (zero columns past D / DV" in mla.describe()
@@ -135,6 +137,7 @@ def test_plan_split_rounds_head_dims_up_to_whole_halves():
     assert "static constexpr int D = 192;" in src and "DKV_SPLIT = true" in src
     assert "DK_N == 128 && ac::V3BwdLayout<V3BwdConfig>::DV_N == 64" in src and "DQ_N == 128" in src
     assert "m64n128k16" in src and "m64n64k16" in src  # dK (128 columns a warpgroup), dV and the dQ chunks (64)
+    assert src.count("void wgmma_bwd_dq(") == 1  # chunk by chunk: no wide overload
 
 
 def test_plan_dq_wide_where_the_columns_span_several_chunks():

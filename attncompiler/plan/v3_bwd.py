@@ -263,7 +263,10 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
         dq_defer = not dkv_split
     dw = split_width(d, dkv_split)  # the kernel's D: dQ and dK columns split over the warpgroups
     # dq_wide by default where a warpgroup's dQ spans several chunks, except with dropout (spills more at d = 256)
-    wide_default = getattr(ir_or_dims, "dropout_p", 0.0) == 0.0
+    # and except where D was rounded up: chunk by chunk skips the zero columns' chunk that one wide product computes
+    # (H200, 2026-12-01, backward TFLOP/s chunk by chunk / wide: 192 x 128 278.0 / 265.3, causal 263.4 / 258.7,
+    # 192 x 192 282.6 / 279.2)
+    wide_default = getattr(ir_or_dims, "dropout_p", 0.0) == 0.0 and dw == d
     if dkv_split and dq_defer:
         raise PlanError("v3 backward: dkv_split expected dq_defer=False (each warpgroup's dQ reads its own dS^T in the "
                         "step), got True")
