@@ -4,9 +4,11 @@
 
 Each item is ``d:variant[:option=value...]``: the variant is one of bench_v3's (plain, causal, alibi,
 alibi_causal, softcap, sliding_window
-(window 1024) or sliding_windowW (window W), fullmask, or a preset name), the options are plan_v3's (block_n, stages,
+(window 1024) or sliding_windowW (window W), fullmask, or a preset name; ``cudnn`` / ``cudnn_causal``: torch SDPA's
+cuDNN backend, the reference), the options are plan_v3's (block_n, stages,
 persistent, exp2_poly, block_m, late_pv_wait, ...; omitted ones take the planner's choice; ``n=2048`` is not a plan
-option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``smem=BYTES`` launches with that much
+option but the sequence length, with B = 16384 // n so that B*N stays 16k tokens; ``dv=128`` sets V's head dim (default
+d; FLOPs then 2 B H (d + dv) per visible pair); ``smem=BYTES`` launches with that much
 dynamic shared memory (the plan's layout, the rest unused: the L1 carve-out's cost); ``deal=lpt`` / ``deal=in_order``
 the tile list's dealing rule (plan option tile_list; attncompiler/runtime/tile_list.py); ``define=NAME``
 (``define=A+B``: both) compiles the kernel with ``#define NAME 1`` in front, for A/B runs of source-level variants).  FLOPs count the visible pairs (causal:
@@ -82,6 +84,20 @@ class bwd_define:
         backward.bwd_source = self._orig
 
 
+class _Cudnn:
+    """torch SDPA's cuDNN attention, called as a kernel of ours is."""
+
+    def __init__(self, causal: bool) -> None:
+        self.causal = causal
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
 def main(argv: list[str]) -> int:
     from triton.testing import do_bench
 
@@ -103,14 +119,19 @@ def main(argv: list[str]) -> int:
         define = options.pop("define", None)  # a source-level variant: "#define NAME 1" before the kernel
         smem = options.pop("smem", None)  # launch with this much dynamic shared memory (not less than the plan's)
         deal = options.pop("deal", None)  # tile_list's dealing rule (runtime/tile_list.py DEALS), set per call
+        dv = int(options.pop("dv", d))
         B, H = tokens // N, 2048 // d
-        if (d, N) not in sets_by_d:
-            sets_by_d[(d, N)] = [tuple(torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16)
-                                       for _ in range(3)) for _ in range(3)]
-        sets = sets_by_d[(d, N)]
-        flops = 4 * B * H * d * _visible_pairs(var, N)
+        if (d, dv, N) not in sets_by_d:
+            sets_by_d[(d, dv, N)] = [tuple(torch.randn(B, H, N, x, device="cuda", dtype=torch.bfloat16)
+                                           for x in (d, d, dv)) for _ in range(3)]
+        sets = sets_by_d[(d, dv, N)]
+        flops = 2 * B * H * (d + dv) * _visible_pairs(var.replace("cudnn_", ""), N)
         try:
-            kern = ac.compile(_spec(var, d, H, N), "v3", **options)
+            if var.startswith("cudnn"):
+                kern = _Cudnn(var == "cudnn_causal")
+            else:
+                spec = _spec(var, d, H, N)
+                kern = ac.compile(dataclasses.replace(spec, head_dim_v=dv) if dv != d else spec, "v3", **options)
             if define:
                 kern = with_define(kern, define)
             if smem:
@@ -126,6 +147,9 @@ def main(argv: list[str]) -> int:
 
             ms = do_bench(step, warmup=50, rep=300, return_mode="median")
             times.setdefault(item, []).append(flops / ms / 1e9)
+            if isinstance(kern, _Cudnn):
+                print(f"d={d} dv={dv} N={N} {var}: {flops / ms / 1e9:.1f} TFLOP/s ({ms:.3f} ms)", flush=True)
+                continue
             plan = kern.kernel_source.plan
             print(f"d={d} N={N} {var} {options} -> BM={plan.block_m} BN={plan.block_n} stages={plan.stages} poly={plan.exp2_poly}"
                   f"{' persistent' if plan.persistent else ''}: {flops / ms / 1e9:.1f} TFLOP/s ({ms:.3f} ms)",
