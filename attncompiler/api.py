@@ -267,7 +267,7 @@ class CompiledAttention:
             dims = check_inputs(q, k, v, self.ir)
         if self.auto_decode and self.schedule != "decode":
             # split-KV decode, or v2 for strides TMA cannot describe (same semantics and lse)
-            dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v) or self._short_kernel(dims)
+            dec = self._decode_kernel(dims, k, v) or self._tma_fallback(q, k, v) or self._short_kernel(dims.Nq)
             if dec is not None:
                 res = dec._launch_forward(q, k, v, return_lse=return_lse, scale=scale, dropout_p=dropout_p,
                                           seed=seed, offset=offset, buffers=buffers, out=out, dims=dims,
@@ -352,10 +352,11 @@ class CompiledAttention:
             return None
         return self._sibling("_v2", "v2")
 
-    def _short_kernel(self, dims: Any) -> "CompiledAttention | None":
-        """Under ``auto_short``, this schedule's kernel at 64 query rows for a call whose queries fit one such tile
-        (:func:`attncompiler.plan.short.short_applies`), else None."""
-        if not self.auto_short or not short_applies(self.schedule, self.plan, dims.Nq)[0]:
+    def _short_kernel(self, nq: int) -> "CompiledAttention | None":
+        """Under ``auto_short``, this schedule's kernel at 64 query rows for a call whose ``nq`` queries (per
+        sequence: packed sequences pass max_seqlen_q) fit one such tile (:func:`attncompiler.plan.short.short_applies`),
+        else None."""
+        if not self.auto_short or not short_applies(self.schedule, self.plan, nq)[0]:
             return None
         return self._sibling("_short", self.schedule, block_m=SHORT_BLOCK_M)
 

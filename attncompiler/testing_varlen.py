@@ -84,11 +84,13 @@ def check_varlen_grads(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Seq
                        H_kv: Optional[int] = None, seed: int = 1234, factor: float = 2.0,
                        deterministic: bool = False, use_lse: bool = False,
                        buffers: Optional[Mapping[str, torch.Tensor]] = None,
-                       buffer_grads: tuple[str, ...] = ()) -> VarlenCheck:
+                       buffer_grads: tuple[str, ...] = (),
+                       max_seqlen: Optional[tuple[int, int]] = None) -> VarlenCheck:
     """dq, dk, dv of ``kernel`` on a packed batch (poisoned before the kernels run) against float64
     autograd of the reference, by the error-ratio rule; ``use_lse`` adds lse to the loss;
     ``buffer_grads`` names float buffers made learnable (``requires_grad``) whose gradients are checked
-    too. ``seed`` seeds the inputs and output gradients (their own generator) and is the dropout seed."""
+    too. ``seed`` seeds the inputs and output gradients (their own generator) and is the dropout seed;
+    ``max_seqlen`` = (max_seqlen_q, max_seqlen_k) passed to the kernel (default: None, None)."""
     from . import autograd
 
     sk = list(seqlens_q if seqlens_k is None else seqlens_k)
@@ -112,8 +114,10 @@ def check_varlen_grads(kernel, seqlens_q: Sequence[int], seqlens_k: Optional[Seq
     old = autograd.POISON_GRADS
     autograd.POISON_GRADS = True
     try:
-        got = run(lambda a, b, c, bf: kernel(a, b, c, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seed=seed, buffers=bf,
-                                             return_lse=True, deterministic=deterministic), (q, k, v), bufs)
+        mq, mk = max_seqlen if max_seqlen is not None else (None, None)
+        got = run(lambda a, b, c, bf: kernel(a, b, c, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq,
+                                             max_seqlen_k=mk, seed=seed, buffers=bf, return_lse=True,
+                                             deterministic=deterministic), (q, k, v), bufs)
     finally:
         autograd.POISON_GRADS = old
     bufs64 = {n: t.double() if t.is_floating_point() else t for n, t in bufs.items()}

@@ -345,6 +345,17 @@ def call_varlen(kern: Any, q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Any
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or m < 0):
             raise InputError(f"{name}: expected a non-negative int or None, got {m!r}")
+    # every sequence fits one 64-row tile (max_seqlen_q given as an int: no host read): the 64-row sibling (plan/short.py)
+    short = kern._short_kernel(max_seqlen_q) if type(max_seqlen_q) is int else None
+    if short is not None:
+        res = call_varlen(short, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=return_lse, scale=scale,
+                          dropout_p=dropout_p, seed=seed, offset=offset, buffers=buffers, out=out,
+                          deterministic=deterministic)
+        if hasattr(short, "last_seed"):
+            kern.last_seed, kern.last_offset, kern.last_rng_state = short.last_seed, short.last_offset, \
+                short.last_rng_state
+        return res
     p_drop = kern.ir.dropout_p if dropout_p is None else float(dropout_p)
     kern._check_dropout(p_drop)
     sc = kern.ir.scale if scale is None else float(scale)

@@ -69,3 +69,22 @@ def test_more_queries_keep_the_plan() -> None:
     res = check_kernel(kern, 2, 4, SHORT_BLOCK_M + 1, seed=43)
     assert res.ok, str(res)
     assert kern._short is None
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", ["causal", "plain", "document"])
+def test_short_sibling_packed_sequences(name: str) -> None:
+    """Packed sequences whose max_seqlen_q (given as an int) fits one 64-row tile run the sibling too, forward and
+    backward; without max_seqlen_q (read from cu_seqlens) or with a longer one they keep the kernel's plan."""
+    from attncompiler.testing_varlen import check_varlen_grads, check_varlen_kernel
+
+    lens_q, lens_k = (49, 1, 64, 17, 0, 33), (49, 5, 64, 100, 3, 33)
+    kern = _auto(name, 64)
+    assert (r := check_varlen_kernel(kern, lens_q, lens_k, H=4, max_seqlen=(64, 100))).ok, str(r)
+    assert _ran_short(kern)
+    kern = _auto(name, 128)
+    assert (r := check_varlen_grads(kern, lens_q, lens_k, H=4, max_seqlen=(64, 100))).ok, str(r)
+    assert _ran_short(kern)
+    for kern, mq in ((_auto(name, 64), None), (_auto(name, 64), 65)):
+        assert (r := check_varlen_kernel(kern, lens_q, lens_k, H=4, max_seqlen=(mq, None))).ok, str(r)
+        assert kern._short is None

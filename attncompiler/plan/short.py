@@ -20,7 +20,9 @@ d = 128, causal           0.43     0.47     0.88     0.88     0.91
 So the 64-row tile is taken at Nq <= 64 only, where it wins in every case measured (1.3-2.3x). Above that it loses
 at N = 96 for both head dims with no mask. Causal plans keep gaining up to N = 192 (0.73-0.91). That is left out of
 the rule, which stays one threshold. A sibling kernel is compiled on first use, as decode's is (``api.py``). It runs
-only when the caller left the query tile to ``auto``: no ``block_m`` forced, no tuned plan.
+only when the caller left the query tile to ``auto``: no ``block_m`` forced, no tuned plan. Packed sequences
+(``varlen.py``) take it when ``max_seqlen_q`` is given as an int of at most 64 (left None, it would cost a host read
+of cu_seqlens to decide).
 
 Pure Python.
 """
