@@ -7,7 +7,9 @@ a large decode batch), ours against torch's SDPA backends in the same process.
 Shapes (bf16, forward, no mask): Swin-style windows of 7 x 7 = 49 tokens (B = 4096 windows, H = 32, d = 32, then
 H = 16, d = 64), and 64-token windows (B = 2048, H = 64, d = 64). Triton's do_bench median (ms), interleaved over
 ROUNDS rounds; the last lines are the medians and ours / each peer as a speedup. MANY_HEADS_ALTERNATIVES=1 adds
-other plans of ours (v3 on its one-tile-per-CTA grid, v3 at 64 query rows, v2, v2 at 64 rows). FLOPs: 4 B H N^2 d. HBM bytes: q, k,
+other plans of ours (v3 on its one-tile-per-CTA grid, v3 at 64 query rows, v2, v2 at 64 rows); MANY_HEADS_PACKED=1 adds
+the same batch as packed sequences (cu_seqlens) with max_seqlen_q = N ("ours-packed": the 64-row sibling where N <= 64)
+and with max_seqlen_q = 65 ("ours-packed-tall": the kernel's own plan). FLOPs: 4 B H N^2 d. HBM bytes: q, k,
 v read and o written once (4 B H N d x 2 bytes), which bound kernels this short more than their FLOPs do.
 """
 from __future__ import annotations
@@ -57,6 +59,15 @@ def main(rounds: int = 3) -> None:
             kern = ac.compile(presets.plain(d), schedule, **opts)
             assert (kern(q, k, v).float() - ref).abs().max().item() < 0.05, (label, B, H, N, d)
             fns[label] = lambda kern=kern, q=q, k=k, v=v: kern(q, k, v)
+        if os.environ.get("MANY_HEADS_PACKED"):
+            kern = ac.compile(presets.plain(d))
+            pq, pk, pv = (t.transpose(1, 2).reshape(B * N, H, d) for t in (q, k, v))
+            cu = torch.arange(0, (B + 1) * N, N, device="cuda", dtype=torch.int32)
+            for label, mq in (("ours-packed", N), ("ours-packed-tall", 65)):
+                got = kern(pq, pk, pv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mq, max_seqlen_k=N)
+                assert (got.view(B, N, H, d).transpose(1, 2).float() - ref).abs().max().item() < 0.05, label
+                fns[label] = lambda kern=kern, mq=mq, pq=pq, pk=pk, pv=pv, cu=cu, N=N: kern(
+                    pq, pk, pv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mq, max_seqlen_k=N)
         for name, be in PEERS.items():
             try:
                 _sdpa(be, q, k, v)()
