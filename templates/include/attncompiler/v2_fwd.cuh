@@ -312,9 +312,9 @@ __device__ __forceinline__ void v2_fwd(const AttnParams& p, const AttnBuffers& b
 
   // Heaviest (for causal: last) query blocks first, so the tail of the grid is short.
   const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int b = ac_grid_b();
-  const int h = ac_grid_h();
-  const int bh = ac_grid_bh();  // b * H + h
+  const int bh = ac_grid_bh();
+  const int b = bh / p.H;
+  const int h = bh % p.H;
   const int h_kv = h / (p.H / p.H_kv);
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
