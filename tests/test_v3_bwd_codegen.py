@@ -366,6 +366,12 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
     if head_dim == 256:  # dK / dV split by columns over the two consumers (dkv_split), dQ in one wgmma or by chunks
         jobs["causal dq_wide=False"] = _render(presets.causal(head_dim), dq_wide=False).source
         jobs["causal D=256 DV=128"] = _render(dataclasses.replace(presets.causal(256), head_dim_v=128)).source
+        # D rounded up to 256 under the split (MLA's 192 x 128): the zero columns' dK stores and dQ chunk skipped
+        mla = dataclasses.replace(presets.causal(192), head_dim_v=128)
+        jobs["causal D=192 DV=128"] = _render(mla).source
+        jobs["causal D=192 DV=128 varlen det"] = _render(mla, varlen=True, deterministic=True).source
+        jobs["causal D=192 DV=128 dq_wide"] = _render(mla, dq_wide=True).source
+        jobs["causal D=192 DV=192"] = _render(presets.causal(192)).source
     else:
         jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
         jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
