@@ -45,7 +45,7 @@ from .targets import Target
 from .v2_bwd import PRE_ROWS, PRE_WARPS
 
 __all__ = ["V3BwdPlan", "plan_v3_bwd", "v3_bwd_smem_bytes", "dq_chunk", "dq_chunks", "v3_bwd_register_estimate",
-           "v3_bwd_refusal", "split_width",
+           "v3_bwd_refusal", "split_width", "dq_columns",
            "v3_bwd_auto_refusal", "AUTO_MIN_HEAD_DIM", "BLOCK_M", "CONSUMER_REGS", "PRODUCER_REGS", "REG_OVERHEAD",
            "STAGES", "V3_BWD_OPTIONS", "DQ_TILE_ROWS"]
 
@@ -118,8 +118,9 @@ class V3BwdPlan(Plan):
         lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({owners}) x BLOCK_M={self.block_m} query "
                     f"rows per step, {self.stages} Q/dO stages; {self.num_threads} threads")
         how = "staged, bulk reductions into 16-row fp32 tiles" if self.dq_red == 2 else "fp32 reds"
-        lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups "
-                                          f"({split_width(self.head_dim, self.dkv_split) // self.consumers} each)"
+        lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups ("
+                                          f"{dq_columns(split_width(self.head_dim, self.dkv_split), self.consumers, True)}"
+                                          f" each)"
                                           if self.dq_split_n else "keys split over the warpgroups (all columns)")
                      + ("; deterministic: CTAs take turns per query block in key-block order" if self.deterministic
                         else ""))
@@ -132,9 +133,14 @@ def split_width(x: int, dkv_split: bool) -> int:
     return -(-x // SPLIT_WIDTH_STEP) * SPLIT_WIDTH_STEP if dkv_split else x
 
 
+def dq_columns(d: int, consumers: int, dq_split_n: bool) -> int:
+    """One warpgroup's dQ columns (V3BwdLayout::DQ_N); ``d`` is the kernel's width (:func:`split_width`)."""
+    return d // consumers if dq_split_n else d
+
+
 def dq_chunk(d: int, consumers: int, dq_split_n: bool) -> int:
     """dQ columns per wgmma (V3BwdLayout::DQ_CHUNK)."""
-    n = d // consumers if dq_split_n else d
+    n = dq_columns(d, consumers, dq_split_n)
     return next(c for c in DQ_CHUNKS if n % c == 0)
 
 
@@ -170,7 +176,7 @@ def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool, 
     elementwise = 2 * (BLOCK_M // 2)              # S^T and dP^T, fp32
     chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
     if dq_wide:  # the whole dQ columns in one accumulator, issued after the dV / dK fragments retired
-        gemm = max(2 * (BLOCK_M // 16) * 4, (d // consumers if dq_split_n else d) // 2)
+        gemm = max(2 * (BLOCK_M // 16) * 4, dq_columns(d, consumers, dq_split_n) // 2)
     else:
         gemm = 2 * (BLOCK_M // 16) * 4 + chunk // 2  # A fragments + one dQ chunk
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
@@ -299,13 +305,13 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
             if dq_chunk is not None:
                 if dq_chunk not in chunks:
                     rejected.append(f"consumers={nc}, dq_split_n={split}: dq_chunk={dq_chunk} does not divide the "
-                                    f"warpgroup's {dw // nc if split else d} dQ columns into whole boxes")
+                                    f"warpgroup's {dq_columns(dw, nc, split)} dQ columns into whole boxes")
                     continue
                 chunks = (dq_chunk,)
             for chunk in chunks:
                 # (a forced narrower chunk keeps one product per chunk unless dq_wide is forced too)
                 wide = (bool(dq_wide) if dq_wide is not None else
-                        wide_default and dq_chunk is None and (dw // nc if split else d) > chunk)
+                        wide_default and dq_chunk is None and dq_columns(dw, nc, split) > chunk)
                 regs = v3_bwd_register_estimate(d, dv, nc, split, dkv_split=dkv_split, chunk=chunk, dq_wide=wide)
                 if regs["total"] > CONSUMER_REGS[nc]:
                     rejected.append(f"consumers={nc}, dq_split_n={split}: registers ~{regs['total']} > "
@@ -348,8 +354,8 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
            if dq_red else "") + f" = {smem} B",
         "dQ " + ("split by columns: one fp32 red per element per step" if split or nc == 1 else
                  f"split by keys: {nc} fp32 reds per element per step")
-        + (f", one wgmma of {dw // nc if split else d} columns added in chunks of {chunk}" if dq_wide and
-           (dw // nc if split else d) > chunk else f", chunks of {chunk} columns") + f"; {DQ_RED_WHY[dq_red]}"
+        + (f", one wgmma of {dq_columns(dw, nc, split)} columns added in chunks of {chunk}" if dq_wide and
+           dq_columns(dw, nc, split) > chunk else f", chunks of {chunk} columns") + f"; {DQ_RED_WHY[dq_red]}"
         + ("; deferred one step (the warpgroups wait only for each other's previous dS^T half)"
            if dq_defer else "; in the same step" + (" (each warpgroup's own dS^T)" if dkv_split else
                                                     " (the warpgroups meet at every step's dS^T)")),
