@@ -77,7 +77,7 @@ PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
 V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer", "dkv_split", "dq_chunk", "dq_pad",
-                  "dq_wide")
+                  "dq_wide", "dkv_roles")
 DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + one bulk reduction per warp
 DQ_RED_WHY = {  # docs/backward.md: d128 / d128 causal / d64 backward TFLOP/s
     0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100, 2026-11-27)",
@@ -110,20 +110,25 @@ class V3BwdPlan(Plan):
     dq_chunk: int = 64
     dq_pad: int = 4
     dq_wide: bool = False
+    dkv_roles: bool = False
 
     def _config_lines(self) -> list[str]:
         lines = super()._config_lines()
         owners = (f"{self.consumers} consumer warpgroups sharing them, dK/dV split by columns" if self.dkv_split else
+                  f"{self.consumers} consumer warpgroups sharing them by role" if self.dkv_roles else
                   f"{self.consumers} consumer warpgroups of 64")
         lines[0] = (f"  dK/dV/dQ kernel: BLOCK_N={self.block_n} keys per CTA ({owners}) x BLOCK_M={self.block_m} query "
                     f"rows per step, {self.stages} Q/dO stages; {self.num_threads} threads")
         how = "staged, bulk reductions into 16-row fp32 tiles" if self.dq_red == 2 else "fp32 reds"
-        lines.append(f"  dQ: {how}, " + (f"columns split over the warpgroups ("
-                                          f"{dq_columns(split_width(self.head_dim, self.dkv_split), self.consumers, True)}"
-                                          f" each)"
-                                          if self.dq_split_n else "keys split over the warpgroups (all columns)")
-                     + ("; deterministic: CTAs take turns per query block in key-block order" if self.deterministic
-                        else ""))
+        if self.dkv_roles:
+            owner = "all columns by warpgroup 1, one step behind"
+        elif self.dq_split_n:
+            width = dq_columns(split_width(self.head_dim, self.dkv_split), self.consumers, True)
+            owner = f"columns split over the warpgroups ({width} each)"
+        else:
+            owner = "keys split over the warpgroups (all columns)"
+        lines.append(f"  dQ: {how}, {owner}" + ("; deterministic: CTAs take turns per query block in key-block order"
+                                                 if self.deterministic else ""))
         return lines
 
 
@@ -151,19 +156,19 @@ def dq_chunks(d: int, consumers: int, dq_split_n: bool) -> tuple[int, ...]:
 
 
 def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int = 1, dq_split_n: bool = True, *,
-                      dkv_split: bool = False, chunk: int | None = None, pad: int = 4) -> int:
+                      dkv_split: bool = False, chunk: int | None = None, pad: int = 4, dkv_roles: bool = False) -> int:
     """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes); ``chunk`` defaults to
-    :func:`dq_chunk`."""
-    bn = WGMMA_M * (1 if dkv_split else consumers)
+    :func:`dq_chunk`.  ``dkv_roles``: two P^T tiles and two fp32 dP^T tiles more, one warpgroup's dQ staging."""
+    bn = WGMMA_M * (1 if dkv_split or dkv_roles else consumers)
     d, dv = split_width(d, dkv_split), split_width(dv, dkv_split)
     db, dvb = -(-d // BOX_COLS), -(-dv // BOX_COLS)
     kv = bn * (db + dvb) * 128
     stage = BLOCK_M * (db + dvb) * 128
-    ds = 2 * bn * 128
+    ds = 2 * bn * 128 + (2 * bn * 128 + 2 * bn * BLOCK_M * 4 if dkv_roles else 0)
     rows = stages * 2 * BLOCK_M * 4
     bars = 8 * (1 + 2 * stages)
     chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
-    staging = consumers * 4 * 16 * (chunk + pad) * 4 if dq_red else 0  # 16 rows a warp
+    staging = (1 if dkv_roles else consumers) * 4 * 16 * (chunk + pad) * 4 if dq_red else 0  # 16 rows a warp
     return ALIGN_SLACK + kv + stages * stage + ds + rows + staging + bars
 
 
@@ -181,6 +186,15 @@ def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool, 
         gemm = 2 * (BLOCK_M // 16) * 4 + chunk // 2  # A fragments + one dQ chunk
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
             "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
+
+
+def v3_bwd_roles_register_estimate(d: int, dv: int) -> dict[str, int]:
+    """Registers per consumer thread with ``dkv_roles`` (a ranking model): warpgroup 0 holds dK (D/2 fp32), S^T and
+    dP^T (the elementwise step; dS^T's A fragments replace them as they are packed); warpgroup 1 dV (DV/2), dP^T and
+    one 64-column dQ chunk.  (nvcc 13.0: 256 x 128 fits 240 without spills.)"""
+    s_role = d // 2 + 2 * (BLOCK_M // 2)
+    dp_role = dv // 2 + BLOCK_M // 2 + 64 // 2
+    return {"s_role": s_role, "dp_role": dp_role, "total": max(s_role, dp_role) + REG_OVERHEAD}
 
 
 def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
@@ -232,7 +246,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
                 dq_defer: bool | None = None, deterministic: bool = False, varlen: bool = False,
                 dkv_split: bool | None = None, dq_chunk: int | None = None, dq_pad: int | None = None,
-                dq_wide: bool | None = None) -> V3BwdPlan:
+                dq_wide: bool | None = None, dkv_roles: bool | None = None) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
     ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ).
     ``dkv_split`` defaults to whether D or DV exceeds 128 (it may be forced at smaller multiples of 128 too);
@@ -240,6 +254,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     ``dq_wide``: the warpgroup's dQ columns in one wgmma, then added chunk by chunk (default: where they span
     several chunks, without dropout; H200, 2026-11-28, backward TFLOP/s wide / chunk by chunk: d256 334.9 / 324.1,
     causal 283.3 / 283.1, d96 388.4 / 363.3).
+    ``dkv_roles``: the consumers own the CTA's 64 keys by role (warpgroup 0 S^T, the elementwise step and dK;
+    warpgroup 1 dP^T, dV and dQ), every product once (:func:`_plan_roles`).
     ``varlen`` (packed sequences) is taken for the callers' symmetry: every option, and the same defaults, run
     there."""
     t = resolve_target(target)
@@ -257,6 +273,11 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
     needs_split = _needs_dkv_split(d, dv)
+    if dkv_roles:
+        return _plan_roles(t, dims, stages=stages, deterministic=deterministic, forced={
+            "consumers": (consumers, 2), "dq_split_n": (dq_split_n, False), "dq_red": (dq_red, 2),
+            "dq_defer": (dq_defer, False), "dkv_split": (dkv_split, False), "dq_chunk": (dq_chunk, 64),
+            "dq_wide": (dq_wide, False)}, dq_pad=dq_pad)
     if dkv_split is None:
         dkv_split = needs_split
     if dkv_split and any(x % SPLIT_HEAD_DIM_STEP or x < MIN_HEAD_DIM_SPLIT for x in (d, dv)):
@@ -372,3 +393,55 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
         dq_defer=dq_defer, deterministic=deterministic, dkv_split=dkv_split, dq_chunk=chunk, dq_pad=pad,
         dq_wide=dq_wide,
     )
+
+
+def _plan_roles(t: Target, dims: Any, *, stages: int | None, deterministic: bool,
+                forced: dict[str, tuple[Any, Any]], dq_pad: int | None) -> V3BwdPlan:
+    """The ``dkv_roles`` plan: BLOCK_N = 64 keys owned by both consumers by role; ``forced`` maps each option to
+    (the caller's value, the one this kernel takes): any other value is refused."""
+    d, dv = dims.head_dim, dims.head_dim_v
+    for name, (given, needed) in forced.items():
+        if given is not None and given != needed:
+            raise PlanError(f"v3 backward: dkv_roles expected {name}={needed!r}, got {given!r}")
+    if deterministic:
+        raise PlanError("v3 backward: dkv_roles expected deterministic=False (warpgroup 1 adds dQ without turns), "
+                        "got True")
+    if any(x % SPLIT_HEAD_DIM_STEP or not SPLIT_HEAD_DIM_STEP <= x <= MAX_HEAD_DIM_SPLIT for x in (d, dv)):
+        raise PlanError(f"v3 backward: dkv_roles expected D and DV multiples of {SPLIT_HEAD_DIM_STEP} in "
+                        f"[{SPLIT_HEAD_DIM_STEP}, {MAX_HEAD_DIM_SPLIT}], got D={d}, DV={dv}")
+    if dq_pad is not None and dq_pad not in DQ_PADS:
+        raise PlanError(f"v3 backward: expected dq_pad in {DQ_PADS}, got {dq_pad!r}")
+    regs = v3_bwd_roles_register_estimate(d, dv)
+    if regs["total"] > CONSUMER_REGS[2]:
+        raise PlanError(f"v3 backward: dkv_roles at D={d}, DV={dv}: registers ~{regs['total']} > {CONSUMER_REGS[2]} "
+                        f"(setmaxnreg of the consumers)")
+    limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
+    rejected: list[str] = []
+    for pad in ((dq_pad,) if dq_pad is not None else DQ_PADS):
+        for st in ((stages,) if stages is not None else STAGES):
+            smem = v3_bwd_smem_bytes(d, dv, 2, st, 2, False, chunk=64, pad=pad, dkv_roles=True)
+            if smem > limit:
+                rejected.append(f"dkv_roles, dq_pad={pad}, stages={st}: smem {smem} B > {limit} B limit")
+                continue
+            reasons = (
+                f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
+                "BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups by role: warpgroup 0 S^T, the "
+                "elementwise step and dK, warpgroup 1 dP^T, dV and dQ (one step behind), dP^T and P^T / dS^T "
+                f"exchanged through shared memory (every product once); BLOCK_M = {BLOCK_M} query rows per step",
+                f"registers ~ max(warpgroup 0 {regs['s_role']}, warpgroup 1 {regs['dp_role']}) + overhead "
+                f"{REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[2]}",
+                f"smem = 1024 + K,V 64x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T + 2 P^T tiles + 2 dP^T "
+                f"(fp32) + rows + staged dQ 4 warps x 16 x {64 + pad} fp32" + (" (rows swizzled, not padded)"
+                                                                                if pad == 0 else "") + f" = {smem} B",
+                f"dQ by warpgroup 1, chunks of 64 columns; {DQ_RED_WHY[2]}",
+                *(f"rejected {r}" for r in rejected),
+            )
+            return V3BwdPlan(
+                schedule="v3_bwd", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=BLOCK_M,
+                block_n=64, num_warps=12, num_threads=384, smem_bytes=smem,
+                est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=2, stages=st,
+                producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[2], dq_split_n=False, dq_red=2,
+                dq_defer=False, deterministic=False, dkv_split=False, dq_chunk=64, dq_pad=pad, dq_wide=False,
+                dkv_roles=True,
+            )
+    raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}, dkv_roles): " + "; ".join(rejected))

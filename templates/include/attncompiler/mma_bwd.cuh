@@ -42,6 +42,9 @@ __device__ __forceinline__ void st_shared_f32x2(unsigned int addr, float a, floa
 __device__ __forceinline__ void ld_shared_f32x4(unsigned int addr, float (&v)[4]) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(addr));
 }
+__device__ __forceinline__ void st_shared_f32x4(unsigned int addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 
 // sm_90 bulk asynchronous reduction (TMA) of `bytes` (multiple of 16) fp32 from shared memory into
 // global memory, in this thread's bulk group; the fence makes this thread's generic-proxy shared

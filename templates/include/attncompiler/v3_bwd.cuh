@@ -42,7 +42,7 @@
 // N = DQ_CHUNK, and with DQ_WIDE an overload of N = DQ_N).
 #pragma once
 
-#include "attncompiler/v3_bwd_dq.cuh"
+#include "attncompiler/v3_bwd_roles.cuh"
 
 namespace ac {
 
@@ -136,344 +136,364 @@ __device__ __forceinline__ void v3_bwd_kv(const AttnParams& p, const AttnBwdPara
 
   // ---------------- consumer warpgroups ----------------
   setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-  const int wg = (threadIdx.x >> 7) - 1;
-  const int warp_wg = warp & 3;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const int wkey = kKvSplit ? 0 : 64 * wg;  // the warpgroup's first key in the CTA (DKV_SPLIT: both own all 64)
-  const int key0 = kv0 + wkey + 16 * warp_wg;  // this warp's first key
-  const float scale_log2 = p.scale * AC_LOG2E;
+  if constexpr (L::kRoles) {
+    // DKV_ROLES (v3_bwd_roles.cuh): warpgroup 0 S^T, the elementwise step and dK; warpgroup 1 dP^T, dV and dQ
+    mbar_wait(barKV, 0);  // always: the K/V copies must land before the CTA may exit
+    const V3BwdSmem<L> sm{smem_raw, raw, base};
+    if (threadIdx.x < 256) {
+      v3_bwd_role_s<Cfg>(p, bp, buf, walk, sm);
+    } else {
+      v3_bwd_role_dp<Cfg>(p, bp, buf, walk, sm);
+    }
+  } else {
+    const int wg = (threadIdx.x >> 7) - 1;
+    const int warp_wg = warp & 3;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int wkey = kKvSplit ? 0 : 64 * wg;  // the warpgroup's first key in the CTA (DKV_SPLIT: both own all 64)
+    const int key0 = kv0 + wkey + 16 * warp_wg;  // this warp's first key
+    const float scale_log2 = p.scale * AC_LOG2E;
 
-  float acc_dk[DK_N / 2];
-  float acc_dv[DV_N / 2];
-#pragma unroll
-  for (int i = 0; i < DK_N / 2; ++i) acc_dk[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < DV_N / 2; ++i) acc_dv[i] = 0.f;
+    float acc_dk[DK_N / 2];
+    float acc_dv[DV_N / 2];
+  #pragma unroll
+    for (int i = 0; i < DK_N / 2; ++i) acc_dk[i] = 0.f;
+  #pragma unroll
+    for (int i = 0; i < DV_N / 2; ++i) acc_dv[i] = 0.f;
 
-  // Descriptors (PTX ISA 9.7.15.5.1): K-major operands advance 32 bytes per k16 step inside the 128-byte
-  // row and one box (rows x 128 bytes) per 64 columns; MN-major operands advance 16 rows (2048 bytes) per
-  // k16 step, with LBO = the box size between 64-column boxes along N and SBO = 1024 between 8-row groups.
-  const unsigned long long dK_a = opaque_u64(wgmma_desc_sw128(sK + wkey * 128, 16, 1024));
-  const unsigned long long dV_a = opaque_u64(wgmma_desc_sw128(sV + wkey * 128, 16, 1024));
-  mbar_wait(barKV, 0);  // always: the K/V copies must land before the CTA may exit
+    // Descriptors (PTX ISA 9.7.15.5.1): K-major operands advance 32 bytes per k16 step inside the 128-byte
+    // row and one box (rows x 128 bytes) per 64 columns; MN-major operands advance 16 rows (2048 bytes) per
+    // k16 step, with LBO = the box size between 64-column boxes along N and SBO = 1024 between 8-row groups.
+    const unsigned long long dK_a = opaque_u64(wgmma_desc_sw128(sK + wkey * 128, 16, 1024));
+    const unsigned long long dV_a = opaque_u64(wgmma_desc_sw128(sV + wkey * 128, 16, 1024));
+    mbar_wait(barKV, 0);  // always: the K/V copies must land before the CTA may exit
 
-  // Named barriers (ids 1..10 of 16; 256 threads: one warpgroup arrives, the other syncs):
-  //   ready(w, p): warpgroup w's half of dS^T buffer p is written (DQ_SPLIT_N: the other one's dQ reads it);
-  //   free(w, p):  the other warpgroup's dQ has read w's half of buffer p (w may overwrite it).
-  //   own(w):      (no DQ_SPLIT_N, 128 threads) w's four warps have written its dS^T rows.
-  auto bar_ready = [](int w, int pb) { return 1 + 2 * w + pb; };
-  auto bar_free = [](int w, int pb) { return 5 + 2 * w + pb; };
-  const int other = NC - 1 - wg;
-  constexpr bool kCross = L::kSplitN && NC > 1 && !kKvSplit;  // dQ reads the other warpgroup's dS^T half
-  // the dS^T tile that step j's dQ product reads and this warpgroup writes rows of: double-buffered by step, or with
-  // DKV_SPLIT each warpgroup's own copy (both hold the same dS^T; no barrier between them)
-  auto ds_buffer = [&](int j) { return base + L::kDSOffset + (kKvSplit ? wg : (j & 1)) * L::kDSBytes; };
-  const unsigned int sDqStage = base + L::kDqStageOffset + (warp - 4) * 16 * L::kDqRowFloats * 4;  // this warp's rows
+    // Named barriers (ids 1..10 of 16; 256 threads: one warpgroup arrives, the other syncs):
+    //   ready(w, p): warpgroup w's half of dS^T buffer p is written (DQ_SPLIT_N: the other one's dQ reads it);
+    //   free(w, p):  the other warpgroup's dQ has read w's half of buffer p (w may overwrite it).
+    //   own(w):      (no DQ_SPLIT_N, 128 threads) w's four warps have written its dS^T rows.
+    auto bar_ready = [](int w, int pb) { return 1 + 2 * w + pb; };
+    auto bar_free = [](int w, int pb) { return 5 + 2 * w + pb; };
+    const int other = NC - 1 - wg;
+    constexpr bool kCross = L::kSplitN && NC > 1 && !kKvSplit;  // dQ reads the other warpgroup's dS^T half
+    // the dS^T tile that step j's dQ product reads and this warpgroup writes rows of: double-buffered by step, or with
+    // DKV_SPLIT each warpgroup's own copy (both hold the same dS^T; no barrier between them)
+    auto ds_buffer = [&](int j) { return base + L::kDSOffset + (kKvSplit ? wg : (j & 1)) * L::kDSBytes; };
+    const unsigned int sDqStage = base + L::kDqStageOffset + (warp - 4) * 16 * L::kDqRowFloats * 4;  // this warp's rows
 
-  // dQ of step j (its dS^T in buffer j & 1, its query block q0 of head h, its stage sj): the product in chunks
-  // of DQ_CHUNK columns (one accumulator of DQ_CHUNK/2 fp32 live at a time), each added into the fp32
-  // accumulator once done. The first chunk's wait also retires the step's dV / dK GEMMs (an older group), so
-  // its stage is released there and the P^T / dS^T fragments may be reused after it.
-  // Deterministic dQ: the turn of the step whose reds were issued last, passed once they have landed (DET_PASS: 1
-  // after the next step's S^T / dP^T, 2 at the next dQ step; 0 right after them), or after the walk: every
-  // consumer warp waits for and fences its own reds,
-  // the consumers meet, and one thread passes the turn on (release), or resets the counter after the block's last
-  // adder. (Launching the heads first, so that fewer CTAs of one head wait in a chain, measured slower: H200 d128
-  // 335 vs 347 TFLOP/s, d64 229 vs 253.)
-  unsigned int* turn_sem = nullptr;
-  bool turn_last = false;
-  auto pass_turn = [&]() {
-    if constexpr (Cfg::DETERMINISTIC) {
-      if (turn_sem == nullptr) return;
-      if constexpr (L::DQ_RED == 2) {
-        // the turn's bulk reductions have completed (not only read their shared memory) and are ordered before
-        // the release below (async proxy -> generic proxy)
-        if (lane == 0) {
-          bulk_wait_all();
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    // dQ of step j (its dS^T in buffer j & 1, its query block q0 of head h, its stage sj): the product in chunks
+    // of DQ_CHUNK columns (one accumulator of DQ_CHUNK/2 fp32 live at a time), each added into the fp32
+    // accumulator once done. The first chunk's wait also retires the step's dV / dK GEMMs (an older group), so
+    // its stage is released there and the P^T / dS^T fragments may be reused after it.
+    // Deterministic dQ: the turn of the step whose reds were issued last, passed once they have landed (DET_PASS: 1
+    // after the next step's S^T / dP^T, 2 at the next dQ step; 0 right after them), or after the walk: every
+    // consumer warp waits for and fences its own reds,
+    // the consumers meet, and one thread passes the turn on (release), or resets the counter after the block's last
+    // adder. (Launching the heads first, so that fewer CTAs of one head wait in a chain, measured slower: H200 d128
+    // 335 vs 347 TFLOP/s, d64 229 vs 253.)
+    unsigned int* turn_sem = nullptr;
+    bool turn_last = false;
+    auto pass_turn = [&]() {
+      if constexpr (Cfg::DETERMINISTIC) {
+        if (turn_sem == nullptr) return;
+        if constexpr (L::DQ_RED == 2) {
+          // the turn's bulk reductions have completed (not only read their shared memory) and are ordered before
+          // the release below (async proxy -> generic proxy)
+          if (lane == 0) {
+            bulk_wait_all();
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
         }
-      }
-      __threadfence();
-      named_bar_sync(13, 128 * NC);
-      if (threadIdx.x == 128) {
-        if (turn_last) {
-          *reinterpret_cast<volatile unsigned int*>(turn_sem) = 0u;
-        } else {
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(turn_sem) : "memory");
+        __threadfence();
+        named_bar_sync(13, 128 * NC);
+        if (threadIdx.x == 128) {
+          if (turn_last) {
+            *reinterpret_cast<volatile unsigned int*>(turn_sem) = 0u;
+          } else {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(turn_sem) : "memory");
+          }
         }
+        turn_sem = nullptr;
       }
-      turn_sem = nullptr;
-    }
-  };
-  auto wait_turn = [&](int h, int q0) {
-    if constexpr (Cfg::DETERMINISTIC) {
-      unsigned int* sem = reinterpret_cast<unsigned int*>(bp.dq_sem) + (long long)(b * p.H + h) * (bp.Nq_pad / 64) + q0 / 64;
-      if (warp_wg == 0) {
-        const V3BwdTurn tn = v3_bwd_turn<BN>(sem, b, h, q0, kv_block, p, buf);
-        turn_last = tn.place == tn.total - 1;
+    };
+    auto wait_turn = [&](int h, int q0) {
+      if constexpr (Cfg::DETERMINISTIC) {
+        unsigned int* sem =
+            reinterpret_cast<unsigned int*>(bp.dq_sem) + (long long)(b * p.H + h) * (bp.Nq_pad / 64) + q0 / 64;
+        if (warp_wg == 0) {
+          const V3BwdTurn tn = v3_bwd_turn<BN>(sem, b, h, q0, kv_block, p, buf);
+          turn_last = tn.place == tn.total - 1;
+        }
+        named_bar_sync(11 + wg, 128);  // the warpgroup's reds wait for warp 0's acquire
+        turn_sem = sem;
       }
-      named_bar_sync(11 + wg, 128);  // the warpgroup's reds wait for warp 0's acquire
-      turn_sem = sem;
-    }
-  };
+    };
 
-  auto dq_step = [&](int j, int h, int q0, int sj, unsigned int (&pf)[KQ][4], unsigned int (&df)[KQ][4]) {
-    const unsigned int sDS = ds_buffer(j);
-    if constexpr (kCross && Cfg::DQ_DEFER) named_bar_sync(bar_ready(other, j & 1), 256);
-    const unsigned int a0 = L::kSplitN ? sDS : sDS + wg * 64 * 128;
-    // B = K, MN-major, from the warpgroup's first dQ column col0 (DQ_SPLIT_N: wg * DQ_N, else 0) over the keys of
-    // the product (DQ_SPLIT_N: all BLOCK_N, else the warpgroup's own 64 key rows); chunk c starts at column
-    // col0 + c DQ_CHUNK: box (column / 64), then 2 bytes a column inside the 128-byte row (chunks never straddle a box)
-    const unsigned int krow0 = L::kSplitN ? sK : sK + wg * 64 * 128;
-    const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
-    const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
-    float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
-    // DQ_WIDE: the warpgroup's whole dQ columns in one product (m64 n DQ_N: DQ_N / 2 fp32 live, issued once the
-    // step's dV / dK GEMMs have retired, so that their A fragments are dead), then staged and added chunk by chunk;
-    // otherwise one m64 n DQ_CHUNK product per chunk.
-    constexpr bool kWide = Cfg::DQ_WIDE && L::DQ_N > L::DQ_CHUNK;
-    float acc_wide[kWide ? L::DQ_N / 2 : 1];
-    if constexpr (kWide) {
-      wgmma_wait<0>();
-      reg_fence(acc_dv);
-      reg_fence(acc_dk);
-      reg_fence(pf);
-      reg_fence(df);
-      v3_bwd_dq_product<L::DQ_K, BN>(acc_wide, dds, krow0, col0);
-    }
-#pragma unroll
-    for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
-      const int col = col0 + c * L::DQ_CHUNK;
-      if (L::DKP != D && c > 0 && col >= D) break;  // DKV_SPLIT past D (zero columns; chunk 0 is always inside)
-      float acc_own[kWide ? 1 : L::DQ_CHUNK / 2];
-      float(&acc_dq)[L::DQ_CHUNK / 2] =
-          kWide ? reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_wide[kWide ? c * (L::DQ_CHUNK / 2) : 0])
-                : reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_own[0]);
-      if constexpr (!kWide) v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, krow0, col);
-      if (c == 0) {
+    auto dq_step = [&](int j, int h, int q0, int sj, unsigned int (&pf)[KQ][4], unsigned int (&df)[KQ][4]) {
+      const unsigned int sDS = ds_buffer(j);
+      if constexpr (kCross && Cfg::DQ_DEFER) named_bar_sync(bar_ready(other, j & 1), 256);
+      const unsigned int a0 = L::kSplitN ? sDS : sDS + wg * 64 * 128;
+      // B = K, MN-major, from the warpgroup's first dQ column col0 (DQ_SPLIT_N: wg * DQ_N, else 0) over the keys of
+      // the product (DQ_SPLIT_N: all BLOCK_N, else the warpgroup's own 64 key rows); chunk c starts at column
+      // col0 + c DQ_CHUNK: box (column / 64), then 2 bytes a column inside the 128-byte row (chunks never straddle a
+      // box)
+      const unsigned int krow0 = L::kSplitN ? sK : sK + wg * 64 * 128;
+      const unsigned long long dds = opaque_u64(wgmma_desc_sw128(a0, BN * 128, 1024));
+      const int col0 = L::kSplitN ? wg * L::DQ_N : 0;
+      float* gdq = bp.dq_accum + ((long long)(b * p.H + h) * p.Nq) * D + col0 + 2 * t;
+      // DQ_WIDE: the warpgroup's whole dQ columns in one product (m64 n DQ_N: DQ_N / 2 fp32 live, issued once the
+      // step's dV / dK GEMMs have retired, so that their A fragments are dead), then staged and added chunk by chunk;
+      // otherwise one m64 n DQ_CHUNK product per chunk.
+      constexpr bool kWide = Cfg::DQ_WIDE && L::DQ_N > L::DQ_CHUNK;
+      float acc_wide[kWide ? L::DQ_N / 2 : 1];
+      if constexpr (kWide) {
+        wgmma_wait<0>();
         reg_fence(acc_dv);
         reg_fence(acc_dk);
         reg_fence(pf);
         reg_fence(df);
-        mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
-        if constexpr (Cfg::DETERMINISTIC) {
-          if (Cfg::DET_PASS == 2) pass_turn();  // the previous step's block
-          wait_turn(h, q0);
-        }
+        v3_bwd_dq_product<L::DQ_K, BN>(acc_wide, dds, krow0, col0);
       }
-      // dQ rows q0 + 16 warp_wg + g (+ 8), columns col0 + c DQ_CHUNK + 8 nt + 2t (+ 1).
-      if constexpr (L::DQ_RED == 0) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = q0 + 16 * warp_wg + g + 8 * hf;
-          if (r < p.Nq) {
-#pragma unroll
-            for (int nt = 0; nt < L::DQ_CHUNK / 8; ++nt) {
-              red_add_f32x2(gdq + (long long)r * D + c * L::DQ_CHUNK + nt * 8, acc_dq[4 * nt + 2 * hf],
-                            acc_dq[4 * nt + 2 * hf + 1]);
-            }
+  #pragma unroll
+      for (int c = 0; c < L::DQ_N / L::DQ_CHUNK; ++c) {
+        const int col = col0 + c * L::DQ_CHUNK;
+        if (L::DKP != D && c > 0 && col >= D) break;  // DKV_SPLIT past D (zero columns; chunk 0 is always inside)
+        float acc_own[kWide ? 1 : L::DQ_CHUNK / 2];
+        float(&acc_dq)[L::DQ_CHUNK / 2] =
+            kWide ? reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_wide[kWide ? c * (L::DQ_CHUNK / 2) : 0])
+                  : reinterpret_cast<float(&)[L::DQ_CHUNK / 2]>(acc_own[0]);
+        if constexpr (!kWide) v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, krow0, col);
+        if (c == 0) {
+          reg_fence(acc_dv);
+          reg_fence(acc_dk);
+          reg_fence(pf);
+          reg_fence(df);
+          mbar_arrive(empty(sj));  // Q, dO, lse2 and dsum of the step's stage are no longer read
+          if constexpr (Cfg::DETERMINISTIC) {
+            if (Cfg::DET_PASS == 2) pass_turn();  // the previous step's block
+            wait_turn(h, q0);
           }
         }
-      } else if constexpr (L::DQ_RED == 1) {
-        v3_bwd_dq_staged<L>(acc_dq, sDqStage, gdq - 2 * t + c * L::DQ_CHUNK, q0 + 16 * warp_wg, p.Nq);
+        // dQ rows q0 + 16 warp_wg + g (+ 8), columns col0 + c DQ_CHUNK + 8 nt + 2t (+ 1).
+        if constexpr (L::DQ_RED == 0) {
+  #pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = q0 + 16 * warp_wg + g + 8 * hf;
+            if (r < p.Nq) {
+  #pragma unroll
+              for (int nt = 0; nt < L::DQ_CHUNK / 8; ++nt) {
+                red_add_f32x2(gdq + (long long)r * D + c * L::DQ_CHUNK + nt * 8, acc_dq[4 * nt + 2 * hf],
+                              acc_dq[4 * nt + 2 * hf + 1]);
+              }
+            }
+          }
+        } else if constexpr (L::DQ_RED == 1) {
+          v3_bwd_dq_staged<L>(acc_dq, sDqStage, gdq - 2 * t + c * L::DQ_CHUNK, q0 + 16 * warp_wg, p.Nq);
+        } else {
+          // the tile of accumulator rows trow.. and columns col .. col + DQ_CHUNK (V3BwdLayout::kDqTileFloats)
+          const long long trow = (long long)b * bp.Nq_pad + q0 + 16 * warp_wg;
+          v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, col), q0 + 16 * warp_wg,
+                              p.Nq);
+        }
+      }
+      if constexpr (Cfg::DETERMINISTIC && Cfg::DET_PASS == 0) pass_turn();  // right after this step's reds
+    };
+
+    unsigned int p_frag[KQ][4], ds_frag[KQ][4];  // A operands of the step's dV / dK GEMMs (read until they retire)
+    int i = 0;
+    int prev_h = 0, prev_q0 = 0, prev_s = 0;
+    // The walk's bookkeeping for a step: its coordinates and class, and the block after it (the next EMPTY-skipping
+    // search): two integer divisions and the tile classes, ~150 dependent uniform instructions. Without DQ_DEFER it
+    // runs one step ahead, under the S^T / dP^T GEMMs (advance()): at the top of a step nothing hides it, and a mask
+    // that hides nothing cost d = 256 16 % of its time there. With DQ_DEFER it stays at the top of the step, before
+    // the deferred dQ (under the GEMMs it cost d = 128 4.5 %).
+    auto step_masked = [&](int h_, int q0_) {
+      bool m = (q0_ + BM > p.Nq) || (kv0 + BN > p.Nk);
+      if constexpr (Variant::kHasMask) {
+        m = m || Variant::tile_class(b, h_, q0_, min(q0_ + BM, p.Nq) - 1, kv0, walk.kv_hi, p, buf) != AC_TILE_FULL;
+      }
+      return m;
+    };
+    int it = walk.next<kJump>(0, p, buf), it_next = 0;
+    int h = 0, q0 = 0;
+    bool masked = false;
+    int next_h = 0, next_q0 = 0, it_after = 0;  // (without DQ_DEFER) the step after this one
+    bool next_masked = false;
+    auto advance = [&]() {
+      if (it_next < walk.total) {
+        walk.coords(it_next, next_h, next_q0);
+        next_masked = step_masked(next_h, next_q0);
+      }
+      it_after = walk.next<kJump>(it_next + 1, p, buf);
+    };
+    if constexpr (!Cfg::DQ_DEFER) {
+      if (it < walk.total) {
+        walk.coords(it, h, q0);
+        masked = step_masked(h, q0);
+      }
+      it_next = walk.next<kJump>(it + 1, p, buf);
+    }
+    for (; it < walk.total; ++i) {
+      if constexpr (Cfg::DQ_DEFER) {
+        it_next = walk.next<kJump>(it + 1, p, buf);
+        walk.coords(it, h, q0);
+        masked = step_masked(h, q0);
+      }
+      const int s = i % STAGES;
+      const unsigned int sQs = s_q(s), sDOs = s_do(s);
+      const float* s_lse2 = reinterpret_cast<const float*>(smem_raw + (s_rows(s) - raw));
+      const float* s_dsum = s_lse2 + BM;
+
+      if constexpr (Cfg::DQ_DEFER) {
+        // The previous step's dQ, issued before this step's S^T: with DQ_SPLIT_N it waits only for the other
+        // warpgroup's half of that step's dS^T, so the warpgroups need not run in step.
+        if (i > 0) {
+          dq_step(i - 1, prev_h, prev_q0, prev_s, p_frag, ds_frag);
+          if (kCross && it_next < walk.total) named_bar_arrive(bar_free(other, (i - 1) & 1), 256);
+        } else {
+          // (nothing in flight yet; the wait keeps every path into this step's GEMMs free of in-flight wgmmas,
+          // which ptxas otherwise answers by serializing all of them)
+          wgmma_wait<0>();
+          reg_fence(p_frag);
+          reg_fence(ds_frag);
+        }
+      }
+      mbar_wait(full(s), (i / STAGES) & 1);
+
+      // S^T = K_w Q^T and dP^T = V_w dO^T.
+      float acc_s[1][NTQ][4];
+      float acc_dp[1][NTQ][4];
+      float(&s_flat)[BM / 2] = reinterpret_cast<float(&)[BM / 2]>(acc_s);
+      float(&dp_flat)[BM / 2] = reinterpret_cast<float(&)[BM / 2]>(acc_dp);
+      {
+        const unsigned long long dq_b = opaque_u64(wgmma_desc_sw128(sQs, 16, 1024));
+        const unsigned long long ddo_b = opaque_u64(wgmma_desc_sw128(sDOs, 16, 1024));
+        reg_fence(s_flat);
+        reg_fence(dp_flat);
+        wgmma_fence();
+  #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const unsigned int box = kk / 4, off = (kk % 4) * 32;
+          wgmma_bwd_s(s_flat, dK_a + ((box * BN * 128 + off) >> 4), dq_b + ((box * BM * 128 + off) >> 4),
+                      kk > 0 ? 1 : 0);
+        }
+  #pragma unroll
+        for (int kk = 0; kk < DV / 16; ++kk) {
+          const unsigned int box = kk / 4, off = (kk % 4) * 32;
+          wgmma_bwd_s(dp_flat, dV_a + ((box * BN * 128 + off) >> 4), ddo_b + ((box * BM * 128 + off) >> 4),
+                      kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        if constexpr (!Cfg::DQ_DEFER) advance();  // under the GEMMs
+        wgmma_wait<0>();
+        reg_fence(s_flat);
+        reg_fence(dp_flat);
+      }
+      // (deterministic, DET_PASS 1: the previous step's reds, issued before this step's S^T, have had its GEMMs' time)
+      if constexpr (Cfg::DETERMINISTIC && Cfg::DET_PASS == 1) pass_turn();
+
+      // z P^T and dS^T * scale, in place.
+      if (masked) {
+        bwd_tile_elementwise<1, NTQ, true, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, b, h, scale_log2, p, buf);
       } else {
-        // the tile of accumulator rows trow.. and columns col .. col + DQ_CHUNK (V3BwdLayout::kDqTileFloats)
-        const long long trow = (long long)b * bp.Nq_pad + q0 + 16 * warp_wg;
-        v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, col), q0 + 16 * warp_wg,
-                            p.Nq);
+        bwd_tile_elementwise<1, NTQ, false, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, b, h, scale_log2, p, buf);
+      }
+
+      // A fragments (k16 step kk = queries 16 kk..: n8 tiles 2 kk and 2 kk + 1) and dS^T into shared memory:
+      // row = key (CTA-local), 16-byte chunk = n8 query tile, swizzled by the row's low 3 bits. Before this
+      // warpgroup overwrites its half of buffer i & 1, the other one's dQ of step i - 2 has read it.
+      if constexpr (kCross && Cfg::DQ_DEFER) {
+        if (i >= 2) named_bar_sync(bar_free(wg, i & 1), 256);
+      }
+      const unsigned int sDS = ds_buffer(i);
+  #pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) {
+  #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int nt = 2 * kk + (j >> 1), hf = j & 1;
+          p_frag[kk][j] = Tr::pack2(acc_s[0][nt][2 * hf], acc_s[0][nt][2 * hf + 1]);
+          ds_frag[kk][j] = Tr::pack2(acc_dp[0][nt][2 * hf], acc_dp[0][nt][2 * hf + 1]);
+          const int row = wkey + 16 * warp_wg + g + 8 * hf;
+          st_shared_u32(sDS + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * t, ds_frag[kk][j]);
+        }
+      }
+      // The generic-proxy stores of dS^T become visible to the wgmma (async proxy), then the warpgroups whose
+      // dQ reads them learn that they are written.
+      bulk_fence_proxy_async_smem();
+      if constexpr (!kCross) {
+        named_bar_sync(9 + wg, 128);
+      } else if constexpr (Cfg::DQ_DEFER) {
+        named_bar_arrive(bar_ready(wg, i & 1), 256);
+      } else {
+        named_bar_sync(1, 128 * NC);
+      }
+
+      // dV += (z P^T) dO, dK += dS^T Q (retired by the next dQ step's first wait); DKV_SPLIT: the warpgroup's columns,
+      // from its first 64-column box of dO / Q.
+      {
+        const unsigned long long ddo_t = opaque_u64(wgmma_desc_sw128(
+            sDOs + (kKvSplit ? wg * (DV_N / 64) * BM * 128 : 0),
+                                                                     BM * 128, 1024));
+        const unsigned long long dq_t = opaque_u64(wgmma_desc_sw128(sQs + (kKvSplit ? wg * (DK_N / 64) * BM * 128 : 0),
+                                                                    BM * 128, 1024));
+        reg_fence(acc_dv);
+        reg_fence(acc_dk);
+        wgmma_fence();
+  #pragma unroll
+        for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dv(acc_dv, p_frag[kk], ddo_t + ((kk * 16 * 128) >> 4));
+  #pragma unroll
+        for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dk(acc_dk, ds_frag[kk], dq_t + ((kk * 16 * 128) >> 4));
+        wgmma_commit();
+      }
+      if constexpr (!Cfg::DQ_DEFER) dq_step(i, h, q0, s, p_frag, ds_frag);
+      prev_h = h;
+      prev_q0 = q0;
+      prev_s = s;
+      it = it_next;
+      if constexpr (!Cfg::DQ_DEFER) {
+        it_next = it_after;
+        h = next_h;
+        q0 = next_q0;
+        masked = next_masked;
       }
     }
-    if constexpr (Cfg::DETERMINISTIC && Cfg::DET_PASS == 0) pass_turn();  // right after this step's reds
-  };
-
-  unsigned int p_frag[KQ][4], ds_frag[KQ][4];  // A operands of the step's dV / dK GEMMs (read until they retire)
-  int i = 0;
-  int prev_h = 0, prev_q0 = 0, prev_s = 0;
-  // The walk's bookkeeping for a step: its coordinates and class, and the block after it (the next EMPTY-skipping
-  // search): two integer divisions and the tile classes, ~150 dependent uniform instructions. Without DQ_DEFER it
-  // runs one step ahead, under the S^T / dP^T GEMMs (advance()): at the top of a step nothing hides it, and a mask
-  // that hides nothing cost d = 256 16 % of its time there. With DQ_DEFER it stays at the top of the step, before
-  // the deferred dQ (under the GEMMs it cost d = 128 4.5 %).
-  auto step_masked = [&](int h_, int q0_) {
-    bool m = (q0_ + BM > p.Nq) || (kv0 + BN > p.Nk);
-    if constexpr (Variant::kHasMask) {
-      m = m || Variant::tile_class(b, h_, q0_, min(q0_ + BM, p.Nq) - 1, kv0, walk.kv_hi, p, buf) != AC_TILE_FULL;
-    }
-    return m;
-  };
-  int it = walk.next<kJump>(0, p, buf), it_next = 0;
-  int h = 0, q0 = 0;
-  bool masked = false;
-  int next_h = 0, next_q0 = 0, it_after = 0;  // (without DQ_DEFER) the step after this one
-  bool next_masked = false;
-  auto advance = [&]() {
-    if (it_next < walk.total) {
-      walk.coords(it_next, next_h, next_q0);
-      next_masked = step_masked(next_h, next_q0);
-    }
-    it_after = walk.next<kJump>(it_next + 1, p, buf);
-  };
-  if constexpr (!Cfg::DQ_DEFER) {
-    if (it < walk.total) {
-      walk.coords(it, h, q0);
-      masked = step_masked(h, q0);
-    }
-    it_next = walk.next<kJump>(it + 1, p, buf);
-  }
-  for (; it < walk.total; ++i) {
     if constexpr (Cfg::DQ_DEFER) {
-      it_next = walk.next<kJump>(it + 1, p, buf);
-      walk.coords(it, h, q0);
-      masked = step_masked(h, q0);
-    }
-    const int s = i % STAGES;
-    const unsigned int sQs = s_q(s), sDOs = s_do(s);
-    const float* s_lse2 = reinterpret_cast<const float*>(smem_raw + (s_rows(s) - raw));
-    const float* s_dsum = s_lse2 + BM;
-
-    if constexpr (Cfg::DQ_DEFER) {
-      // The previous step's dQ, issued before this step's S^T: with DQ_SPLIT_N it waits only for the other
-      // warpgroup's half of that step's dS^T, so the warpgroups need not run in step.
       if (i > 0) {
         dq_step(i - 1, prev_h, prev_q0, prev_s, p_frag, ds_frag);
-        if (kCross && it_next < walk.total) named_bar_arrive(bar_free(other, (i - 1) & 1), 256);
       } else {
-        // (nothing in flight yet; the wait keeps every path into this step's GEMMs free of in-flight wgmmas,
-        // which ptxas otherwise answers by serializing all of them)
-        wgmma_wait<0>();
-        reg_fence(p_frag);
-        reg_fence(ds_frag);
+        wgmma_wait<0>();  // (nothing in flight: keeps every path into the dK / dV stores free of in-flight wgmmas)
+        reg_fence(acc_dk);
+        reg_fence(acc_dv);
       }
     }
-    mbar_wait(full(s), (i / STAGES) & 1);
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T.
-    float acc_s[1][NTQ][4];
-    float acc_dp[1][NTQ][4];
-    float(&s_flat)[BM / 2] = reinterpret_cast<float(&)[BM / 2]>(acc_s);
-    float(&dp_flat)[BM / 2] = reinterpret_cast<float(&)[BM / 2]>(acc_dp);
-    {
-      const unsigned long long dq_b = opaque_u64(wgmma_desc_sw128(sQs, 16, 1024));
-      const unsigned long long ddo_b = opaque_u64(wgmma_desc_sw128(sDOs, 16, 1024));
-      reg_fence(s_flat);
-      reg_fence(dp_flat);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned int box = kk / 4, off = (kk % 4) * 32;
-        wgmma_bwd_s(s_flat, dK_a + ((box * BN * 128 + off) >> 4), dq_b + ((box * BM * 128 + off) >> 4), kk > 0 ? 1 : 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < DV / 16; ++kk) {
-        const unsigned int box = kk / 4, off = (kk % 4) * 32;
-        wgmma_bwd_s(dp_flat, dV_a + ((box * BN * 128 + off) >> 4), ddo_b + ((box * BM * 128 + off) >> 4), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      if constexpr (!Cfg::DQ_DEFER) advance();  // under the GEMMs
-      wgmma_wait<0>();
-      reg_fence(s_flat);
-      reg_fence(dp_flat);
+    if constexpr (L::DQ_RED == 2) {
+      if (lane == 0) bulk_wait_read_all();  // the last reduction reads shared memory: it must outlive it
     }
-    // (deterministic, DET_PASS 1: the previous step's reds, issued before this step's S^T, have had its GEMMs' time)
-    if constexpr (Cfg::DETERMINISTIC && Cfg::DET_PASS == 1) pass_turn();
-
-    // z P^T and dS^T * scale, in place.
-    if (masked) {
-      bwd_tile_elementwise<1, NTQ, true, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, b, h, scale_log2, p, buf);
-    } else {
-      bwd_tile_elementwise<1, NTQ, false, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, b, h, scale_log2, p, buf);
-    }
-
-    // A fragments (k16 step kk = queries 16 kk..: n8 tiles 2 kk and 2 kk + 1) and dS^T into shared memory:
-    // row = key (CTA-local), 16-byte chunk = n8 query tile, swizzled by the row's low 3 bits. Before this
-    // warpgroup overwrites its half of buffer i & 1, the other one's dQ of step i - 2 has read it.
-    if constexpr (kCross && Cfg::DQ_DEFER) {
-      if (i >= 2) named_bar_sync(bar_free(wg, i & 1), 256);
-    }
-    const unsigned int sDS = ds_buffer(i);
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int nt = 2 * kk + (j >> 1), hf = j & 1;
-        p_frag[kk][j] = Tr::pack2(acc_s[0][nt][2 * hf], acc_s[0][nt][2 * hf + 1]);
-        ds_frag[kk][j] = Tr::pack2(acc_dp[0][nt][2 * hf], acc_dp[0][nt][2 * hf + 1]);
-        const int row = wkey + 16 * warp_wg + g + 8 * hf;
-        st_shared_u32(sDS + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * t, ds_frag[kk][j]);
-      }
-    }
-    // The generic-proxy stores of dS^T become visible to the wgmma (async proxy), then the warpgroups whose
-    // dQ reads them learn that they are written.
-    bulk_fence_proxy_async_smem();
-    if constexpr (!kCross) {
-      named_bar_sync(9 + wg, 128);
-    } else if constexpr (Cfg::DQ_DEFER) {
-      named_bar_arrive(bar_ready(wg, i & 1), 256);
-    } else {
-      named_bar_sync(1, 128 * NC);
-    }
-
-    // dV += (z P^T) dO, dK += dS^T Q (retired by the next dQ step's first wait); DKV_SPLIT: the warpgroup's columns,
-    // from its first 64-column box of dO / Q.
-    {
-      const unsigned long long ddo_t = opaque_u64(wgmma_desc_sw128(sDOs + (kKvSplit ? wg * (DV_N / 64) * BM * 128 : 0),
-                                                                   BM * 128, 1024));
-      const unsigned long long dq_t = opaque_u64(wgmma_desc_sw128(sQs + (kKvSplit ? wg * (DK_N / 64) * BM * 128 : 0),
-                                                                  BM * 128, 1024));
-      reg_fence(acc_dv);
-      reg_fence(acc_dk);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dv(acc_dv, p_frag[kk], ddo_t + ((kk * 16 * 128) >> 4));
-#pragma unroll
-      for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dk(acc_dk, ds_frag[kk], dq_t + ((kk * 16 * 128) >> 4));
-      wgmma_commit();
-    }
-    if constexpr (!Cfg::DQ_DEFER) dq_step(i, h, q0, s, p_frag, ds_frag);
-    prev_h = h;
-    prev_q0 = q0;
-    prev_s = s;
-    it = it_next;
-    if constexpr (!Cfg::DQ_DEFER) {
-      it_next = it_after;
-      h = next_h;
-      q0 = next_q0;
-      masked = next_masked;
-    }
-  }
-  if constexpr (Cfg::DQ_DEFER) {
-    if (i > 0) {
-      dq_step(i - 1, prev_h, prev_q0, prev_s, p_frag, ds_frag);
-    } else {
-      wgmma_wait<0>();  // (nothing in flight: keeps every path into the dK / dV stores free of in-flight wgmmas)
-      reg_fence(acc_dk);
-      reg_fence(acc_dv);
-    }
-  }
-
-  if constexpr (L::DQ_RED == 2) {
-    if (lane == 0) bulk_wait_read_all();  // the last reduction reads shared memory: it must outlive it
-  }
-  pass_turn();  // the walk's last block (deterministic)
-  // dK and dV rows of this warp (every row is written: zeros where no query saw the key); DKV_SPLIT: its columns.
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key0 + g + 8 * hf;
-    if (key < p.Nk) {
-      ac_elem_t* dk = reinterpret_cast<ac_elem_t*>(bp.dk) + b * bp.dk_sb + h_kv * bp.dk_sh + (long long)key * bp.dk_sn +
-                      (kKvSplit ? wg * DK_N : 0) + 2 * t;
-      ac_elem_t* dv = reinterpret_cast<ac_elem_t*>(bp.dv) + b * bp.dv_sb + h_kv * bp.dv_sh + (long long)key * bp.dv_sn +
-                      (kKvSplit ? wg * DV_N : 0) + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < DK_N / 8; ++nt) {
-        if (L::DKP != D && (kKvSplit ? wg * DK_N : 0) + nt * 8 >= D) break;  // (DKV_SPLIT: zero columns past D)
-        *reinterpret_cast<unsigned int*>(dk + nt * 8) = Tr::pack2(acc_dk[4 * nt + 2 * hf], acc_dk[4 * nt + 2 * hf + 1]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < DV_N / 8; ++nt) {
-        if (L::DVP != DV && (kKvSplit ? wg * DV_N : 0) + nt * 8 >= DV) break;
-        *reinterpret_cast<unsigned int*>(dv + nt * 8) = Tr::pack2(acc_dv[4 * nt + 2 * hf], acc_dv[4 * nt + 2 * hf + 1]);
+    pass_turn();  // the walk's last block (deterministic)
+    // dK and dV rows of this warp (every row is written: zeros where no query saw the key); DKV_SPLIT: its columns.
+  #pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int key = key0 + g + 8 * hf;
+      if (key < p.Nk) {
+        ac_elem_t* dk = reinterpret_cast<ac_elem_t*>(bp.dk) + b * bp.dk_sb + h_kv * bp.dk_sh +
+                        (long long)key * bp.dk_sn +
+                        (kKvSplit ? wg * DK_N : 0) + 2 * t;
+        ac_elem_t* dv = reinterpret_cast<ac_elem_t*>(bp.dv) + b * bp.dv_sb + h_kv * bp.dv_sh +
+                        (long long)key * bp.dv_sn +
+                        (kKvSplit ? wg * DV_N : 0) + 2 * t;
+  #pragma unroll
+        for (int nt = 0; nt < DK_N / 8; ++nt) {
+          if (L::DKP != D && (kKvSplit ? wg * DK_N : 0) + nt * 8 >= D) break;  // (DKV_SPLIT: zero columns past D)
+          *reinterpret_cast<unsigned int*>(dk + nt * 8) =
+              Tr::pack2(acc_dk[4 * nt + 2 * hf], acc_dk[4 * nt + 2 * hf + 1]);
+        }
+  #pragma unroll
+        for (int nt = 0; nt < DV_N / 8; ++nt) {
+          if (L::DVP != DV && (kKvSplit ? wg * DV_N : 0) + nt * 8 >= DV) break;
+          *reinterpret_cast<unsigned int*>(dv + nt * 8) =
+              Tr::pack2(acc_dv[4 * nt + 2 * hf], acc_dv[4 * nt + 2 * hf + 1]);
+        }
       }
     }
   }

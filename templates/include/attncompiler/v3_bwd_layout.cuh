@@ -4,7 +4,8 @@
 // Shared memory (from a 1024-byte aligned base; every tile is made of 64-column boxes of rows x 128 bytes):
 //   K (DB boxes of BLOCK_N rows) | V (DVB boxes) | STAGES x [Q (DB boxes of 64 rows) | dO (DVB boxes)] |
 //   dS^T x 2 (BLOCK_N rows x 128 bytes, double-buffered: the dQ GEMM of step i reads one while step i + 1
-//   writes the other; DKV_SPLIT: one per warpgroup) | STAGES x [lse2 (64 fp32) | dsum (64 fp32)] |
+//   writes the other; DKV_SPLIT: one per warpgroup) | DKV_ROLES: P^T x 2 (the same layout), dP^T x 2 (64 x 64
+//   fp32 in fragment order) | STAGES x [lse2 (64 fp32) | dsum (64 fp32)] |
 //   DQ_RED > 0: 16 x (DQ_CHUNK + DQ_PAD) fp32 per consumer warp (its staged dQ rows) |
 //   mbarriers: KV, full[STAGES], empty[STAGES]
 //
@@ -32,6 +33,10 @@ struct V3BwdLayout {
   // DKV_SPLIT (D or DV above 128): every consumer warpgroup owns the CTA's same 64 keys and keeps dK / dV columns
   // [w D / NC, (w + 1) D / NC) only (S^T and dP^T are then computed by each warpgroup: 7 GEMM units a step for 5)
   static constexpr bool kKvSplit = Cfg::DKV_SPLIT;
+  // DKV_ROLES (head dims above 128, v3_bwd_roles.cuh): the two consumers own the CTA's same 64 keys by role instead --
+  // warpgroup 0 S^T, the elementwise step and dK (all D columns), warpgroup 1 dP^T, dV (all DV columns) and dQ --
+  // exchanging dP^T (fp32) and P^T / dS^T (tiles) through shared memory: 5 GEMM units a step for 5
+  static constexpr bool kRoles = Cfg::DKV_ROLES;
   // the kernel's widths: with DKV_SPLIT D and DV rounded up to 128, so each warpgroup's half is whole boxes (D = 192:
   // warpgroup 1 owns columns 128..255; the box past D is TMA's zero fill, and its dK / dQ columns are never stored)
   static constexpr int DKP = kKvSplit ? (D + 127) / 128 * 128 : D;
@@ -49,7 +54,10 @@ struct V3BwdLayout {
   static constexpr int kRowBytes = BM * 4;   // lse2 or dsum of one query block
   static constexpr int kStageOffset = kKBytes + kVBytes;
   static constexpr int kDSOffset = kStageOffset + STAGES * kStageBytes;
-  static constexpr int kRowsOffset = kDSOffset + 2 * kDSBytes;
+  static constexpr int kPOffset = kDSOffset + 2 * kDSBytes;    // DKV_ROLES: P^T x 2 (dS^T's layout), for dV's A
+  static constexpr int kDPBytes = kRoles ? BN * BM * 4 : 0;     // DKV_ROLES: one dP^T in fragment order (fp32)
+  static constexpr int kDPOffset = kPOffset + (kRoles ? 2 * kDSBytes : 0);
+  static constexpr int kRowsOffset = kDPOffset + 2 * kDPBytes;
   static constexpr int kDqStageOffset = kRowsOffset + STAGES * 2 * kRowBytes;
   static constexpr bool kSplitN = Cfg::DQ_SPLIT_N;
   static constexpr int DQ_N = kSplitN ? DKP / NC : D;  // dQ columns per warpgroup (chunks past D are skipped)
@@ -78,18 +86,25 @@ struct V3BwdLayout {
     const long long tile = ((trow / 16) * H + h) * (D / DQ_CHUNK) + col / DQ_CHUNK;
     return tile * kDqTileFloats + dq_tile_offset(static_cast<int>(trow % 16), col % DQ_CHUNK);
   }
-  static constexpr int kDqStageBytes = DQ_RED ? NC * 4 * 16 * kDqRowFloats * 4 : 0;  // 16 rows per warp
+  // 16 rows per consumer warp that adds dQ (DKV_ROLES: warpgroup 1's four)
+  static constexpr int kDqStageBytes = DQ_RED ? (kRoles ? 1 : NC) * 4 * 16 * kDqRowFloats * 4 : 0;
   static constexpr int kBarOffset = kDqStageOffset + kDqStageBytes;
   static constexpr int kNumBars = 1 + 2 * STAGES;
   static constexpr int kAlignSlack = 1024;  // dynamic shared memory is only 16-byte aligned
   static constexpr int kSmemBytes = kAlignSlack + kBarOffset + 8 * kNumBars;
 
   static_assert(BM == 64, "BLOCK_M = 64: the N of S^T / dP^T, the K of dV / dK, the M of dQ (one 128-byte row of dS^T)");
-  static_assert(kKvSplit ? (BN == 64 && NC == 2) : (BN == 64 * NC && (NC == 1 || NC == 2)),
-                "each consumer warpgroup owns 64 keys (1 or 2 of them), or with DKV_SPLIT both own the same 64");
+  static_assert((kKvSplit || kRoles) ? (BN == 64 && NC == 2) : (BN == 64 * NC && (NC == 1 || NC == 2)),
+                "each consumer warpgroup owns 64 keys (1 or 2 of them), or with DKV_SPLIT / DKV_ROLES both own the "
+                "same 64");
+  static_assert(!(kKvSplit && kRoles), "DKV_SPLIT or DKV_ROLES");
+  static_assert(!kRoles || (!kSplitN && !Cfg::DQ_DEFER && !Cfg::DQ_WIDE && DQ_RED == 2 && Cfg::DQ_CHUNK == 64 &&
+                            !Cfg::DETERMINISTIC && D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256),
+                "DKV_ROLES: warpgroup 1 adds all D columns of dQ (64-column chunks, bulk reductions) one step behind "
+                "warpgroup 0; head dims of whole boxes, at most 256");
   static_assert(D % 16 == 0 && DV % 16 == 0 && (kKvSplit ? (D % 64 == 0 && DV % 64 == 0 && D >= 128 && DV >= 128 &&
                                                              D <= 256 && DV <= 256)
-                                                         : (D <= 128 && DV <= 128)),
+                                                         : (kRoles || (D <= 128 && DV <= 128))),
                 "head dims: multiples of 16 (wgmma k16 steps / n), at most 128 (dK and dV stay in registers), or with "
                 "DKV_SPLIT multiples of 64 in [128, 256] (whole boxes; each warpgroup's half of DKP / DVP is whole "
                 "boxes and starts inside D / DV)");
@@ -107,7 +122,8 @@ struct V3BwdLayout {
   static_assert(Cfg::DQ_PAD == 4 || (Cfg::DQ_PAD == 0 && DQ_RED == 2), "staged rows padded by 4 fp32, or swizzled (DQ_RED 2)");
   static_assert(DQ_RED >= 0 && DQ_RED <= 2 && (DQ_RED != 1 || 32 % (DQ_CHUNK / 4) == 0),
                 "DQ_RED 0..2; 16-byte reds: whole rows per warp instruction");
-  static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kDSBytes % 1024 == 0,
+  static_assert(kKBytes % 1024 == 0 && kVBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kDSBytes % 1024 == 0 &&
+                    kDPBytes % 1024 == 0,
                 "1024-byte aligned tiles (the 128-byte swizzle's atom)");
   static_assert(kSmemBytes <= 232448, "227 KB per block on sm_90");
 };

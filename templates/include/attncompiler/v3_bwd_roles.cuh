@@ -1,0 +1,279 @@
+// attncompiler/v3_bwd_roles.cuh -- the Hopper backward's consumers split by role (DKV_ROLES, head dims above 128).
+//
+// With DKV_SPLIT (v3_bwd.cuh) both consumer warpgroups own the CTA's 64 keys and each computes S^T, dP^T, P^T and
+// dS^T whole: at D = 192, DV = 128 that is 19 GEMM units of 64 x 64 x 64 a step where 13 are needed. Here the two
+// warpgroups own the same 64 keys by role, and every product runs once:
+//   warpgroup 0 (v3_bwd_role_s):  S^T = K Q^T; waits for dP^T; the elementwise step (bwd_tile_elementwise, as in
+//                                 v3_bwd.cuh); P^T and dS^T into tiles; dK += dS^T Q (A: registers, all D columns)
+//   warpgroup 1 (v3_bwd_role_dp): dP^T = V dO^T into shared memory (fp32, fragment order: thread t of either
+//                                 warpgroup holds the same elements); then, one step behind, dV += (z P^T) dO (A: the
+//                                 P^T tile) and dQ = dS K over all D columns in 64-column chunks, each staged per warp
+//                                 and added by one bulk reduction into the tiled accumulator (v3_bwd_dq.cuh)
+// So warpgroup 0's elementwise step of block i runs under warpgroup 1's dV / dQ products of block i - 1.
+//
+// Two named barriers per parity (256 threads: one warpgroup arrives, the other syncs), step i using parity i & 1:
+//   dp_full(pb): warpgroup 1 has stored dP^T of step i in dP buffer pb;
+//   ps_full(pb): warpgroup 0 has stored P^T and dS^T of step i in tiles pb.
+// Every arrival has its sync (each step one of each), and the buffers need no "free" barriers: warpgroup 1 stores
+// dP^T of step i + 2 into buffer pb only after its ps_full(i + 1) sync, which warpgroup 0 arrives after loading dP^T
+// of step i + 1 -- later than its load of step i; warpgroup 0 overwrites tiles pb at step i + 2 only after its
+// dp_full(i + 2) sync, which warpgroup 1 arrives after its step i + 1 turn, whose dV / dQ products of step i have
+// retired (wgmma_wait) by then.
+// Stage release: each thread of both warpgroups arrives once per step on empty[s] (count 256): warpgroup 0 when the
+// next step's S^T wait has retired its dK product (Q read), warpgroup 1 when its dQ product's first wait has retired
+// the dV product (dO read).
+//
+// Requires: v3_bwd_dq.cuh (and what it requires), v2_bwd.cuh's bwd_tile_elementwise, the wgmma wrappers of
+// v3_bwd.cu.j2 with DKV_ROLES: ac::wgmma_bwd_s, ac::wgmma_bwd_dk (A registers, N = D), ac::wgmma_bwd_dv (A and B in
+// shared memory, A K-major, B MN-major, N = DV), ac::wgmma_bwd_dq (N = 64).
+#pragma once
+
+#include "attncompiler/v3_bwd_dq.cuh"
+
+namespace ac {
+
+// The backward kernel's shared-memory addresses (V3BwdLayout offsets from the 1024-byte aligned base).
+template <class L>
+struct V3BwdSmem {
+  const unsigned char* gen;  // the generic address of the dynamic shared memory (for the lse2 / dsum rows)
+  unsigned int raw;          // its shared-window address
+  unsigned int base;         // 1024-byte aligned
+  __device__ __forceinline__ unsigned int k() const { return base; }
+  __device__ __forceinline__ unsigned int v() const { return base + L::kKBytes; }
+  __device__ __forceinline__ unsigned int full(int s) const { return base + L::kBarOffset + 8u * (1 + s); }
+  __device__ __forceinline__ unsigned int empty(int s) const {
+    return base + L::kBarOffset + 8u * (1 + L::STAGES + s);
+  }
+  __device__ __forceinline__ unsigned int q(int s) const { return base + L::kStageOffset + s * L::kStageBytes; }
+  __device__ __forceinline__ unsigned int dout(int s) const { return q(s) + L::kQBytes; }
+  __device__ __forceinline__ const float* lse2(int s) const {
+    return reinterpret_cast<const float*>(gen + (base + L::kRowsOffset + s * 2 * L::kRowBytes - raw));
+  }
+  __device__ __forceinline__ unsigned int ds(int pb) const { return base + L::kDSOffset + pb * L::kDSBytes; }
+  __device__ __forceinline__ unsigned int pt(int pb) const { return base + L::kPOffset + pb * L::kDSBytes; }
+  __device__ __forceinline__ unsigned int dp(int pb) const { return base + L::kDPOffset + pb * L::kDPBytes; }
+};
+
+constexpr int kRoleBarDpFull = 1;  // + parity
+constexpr int kRoleBarPsFull = 3;  // + parity
+
+// Whether step (h, q0) of the walk takes the masked elementwise code (a partial block, or a tile that is not FULL).
+template <int BM, int BN>
+__device__ __forceinline__ bool v3_bwd_step_masked(const V3BwdWalk& walk, int h, int q0, const AttnParams& p,
+                                                   const AttnBuffers& buf) {
+  bool m = (q0 + BM > p.Nq) || (walk.kv0 + BN > p.Nk);
+  if constexpr (Variant::kHasMask) {
+    m = m || Variant::tile_class(walk.b, h, q0, min(q0 + BM, p.Nq) - 1, walk.kv0, walk.kv_hi, p, buf) != AC_TILE_FULL;
+  }
+  return m;
+}
+
+// S^T (m64 n64 over the K dimension KD) of one step: A = the 64 rows at a_rows (boxes of 64 rows), B = the 64 rows
+// at b_rows (boxes of 64 rows), both K-major; committed and waited (with every older wgmma of the warpgroup).
+template <int KD>
+__device__ __forceinline__ void v3_bwd_roles_st(float (&acc)[32], unsigned int a_rows, unsigned int b_rows) {
+  const unsigned long long da = opaque_u64(wgmma_desc_sw128(a_rows, 16, 1024));
+  const unsigned long long db = opaque_u64(wgmma_desc_sw128(b_rows, 16, 1024));
+  reg_fence(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KD / 16; ++kk) {
+    const unsigned int off = (kk / 4) * 64 * 128 + (kk % 4) * 32;
+    wgmma_bwd_s(acc, da + (off >> 4), db + (off >> 4), kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(acc);
+}
+
+// Warpgroup 0: S^T, the elementwise step, P^T / dS^T into their tiles, dK.
+template <class Cfg>
+__device__ __forceinline__ void v3_bwd_role_s(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf,
+                                              const V3BwdWalk& walk, const V3BwdSmem<V3BwdLayout<Cfg>>& sm) {
+  using L = V3BwdLayout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  constexpr int BM = L::BM, BN = L::BN, D = L::D, STAGES = L::STAGES;
+  constexpr int NTQ = BM / 8, KQ = BM / 16;
+  const int tid = threadIdx.x & 127, warp_wg = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int key0 = walk.kv0 + 16 * warp_wg;  // this warp's first key
+  const float scale_log2 = p.scale * AC_LOG2E;
+  // dK: the first step's product overwrites it (scale_d 0; zeros after a walk without steps), so no instruction but
+  // a wgmma defines it while the previous step's product is in flight across the loop (ptxas C7515 otherwise)
+  float acc_dk[D / 2];
+  unsigned int ds_frag[KQ][4];  // dS^T as the A operand of the step's dK product (read until it retires)
+
+  int i = 0, prev_s = 0;
+  for (int it = walk.next<true>(0, p, buf); it < walk.total; ++i) {
+    const int it_next = walk.next<true>(it + 1, p, buf);
+    int h, q0;
+    walk.coords(it, h, q0);
+    const bool masked = v3_bwd_step_masked<BM, BN>(walk, h, q0, p, buf);
+    const int s = i % STAGES;
+    mbar_wait(sm.full(s), (i / STAGES) & 1);
+
+    float acc_s[1][NTQ][4];
+    float acc_dp[1][NTQ][4];
+    float(&s_flat)[BM / 2] = reinterpret_cast<float(&)[BM / 2]>(acc_s);
+    float(&dp_flat)[BM / 2] = reinterpret_cast<float(&)[BM / 2]>(acc_dp);
+    v3_bwd_roles_st<D>(s_flat, sm.k(), sm.q(s));  // (its wait retires the previous step's dK product too)
+    reg_fence(acc_dk);
+    reg_fence(ds_frag);
+    if (i > 0) mbar_arrive(sm.empty(prev_s));  // the previous step's Q is no longer read
+
+    named_bar_sync(kRoleBarDpFull + (i & 1), 256);
+    {
+      const unsigned int a = sm.dp(i & 1) + tid * 16;
+#pragma unroll
+      for (int r = 0; r < BM / 8; ++r) {
+        float v[4];
+        ld_shared_f32x4(a + r * 128 * 16, v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dp_flat[4 * r + j] = v[j];
+      }
+    }
+    const float* s_lse2 = sm.lse2(s);
+    const float* s_dsum = s_lse2 + BM;
+    if (masked) {
+      bwd_tile_elementwise<1, NTQ, true, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, walk.b, h, scale_log2, p, buf);
+    } else {
+      bwd_tile_elementwise<1, NTQ, false, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, walk.b, h, scale_log2, p,
+                                                buf);
+    }
+
+    // z P^T and dS^T into tiles pb: row = key (CTA-local), 16-byte chunk = n8 query tile, swizzled by the row's low 3
+    // bits (the 128-byte swizzle: dV's A operand K-major, dQ's A operand MN-major)
+    const unsigned int sP = sm.pt(i & 1), sDS = sm.ds(i & 1);
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int nt = 2 * kk + (j >> 1), hf = j & 1;
+        const int row = 16 * warp_wg + g + 8 * hf;
+        const unsigned int off = row * 128 + ((nt ^ (row & 7)) << 4) + 4 * t;
+        ds_frag[kk][j] = Tr::pack2(acc_dp[0][nt][2 * hf], acc_dp[0][nt][2 * hf + 1]);
+        st_shared_u32(sP + off, Tr::pack2(acc_s[0][nt][2 * hf], acc_s[0][nt][2 * hf + 1]));
+        st_shared_u32(sDS + off, ds_frag[kk][j]);
+      }
+    }
+    bulk_fence_proxy_async_smem();  // the generic stores become visible to warpgroup 1's wgmma (async proxy)
+    named_bar_arrive(kRoleBarPsFull + (i & 1), 256);
+
+    // dK += dS^T Q: B = Q MN-major (the query rows are wgmma's K), all D columns
+    {
+      const unsigned long long dq_t = opaque_u64(wgmma_desc_sw128(sm.q(s), BM * 128, 1024));
+      reg_fence(acc_dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) {
+        wgmma_bwd_dk(acc_dk, ds_frag[kk], dq_t + ((kk * 16 * 128) >> 4), (i > 0 || kk > 0) ? 1 : 0);
+      }
+      wgmma_commit();
+    }
+    prev_s = s;
+    it = it_next;
+  }
+  wgmma_wait<0>();
+  reg_fence(acc_dk);
+  if (i == 0) {
+#pragma unroll
+    for (int j = 0; j < D / 2; ++j) acc_dk[j] = 0.f;
+  }
+
+  // dK rows of this warp (every row is written: zeros where no query saw the key)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key0 + g + 8 * hf;
+    if (key < p.Nk) {
+      ac_elem_t* dk = reinterpret_cast<ac_elem_t*>(bp.dk) + walk.b * bp.dk_sb + walk.h_kv * bp.dk_sh +
+                      (long long)key * bp.dk_sn + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        *reinterpret_cast<unsigned int*>(dk + nt * 8) = Tr::pack2(acc_dk[4 * nt + 2 * hf], acc_dk[4 * nt + 2 * hf + 1]);
+      }
+    }
+  }
+}
+
+// Warpgroup 1: dP^T into shared memory; one step behind, dV and dQ.
+template <class Cfg>
+__device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf,
+                                               const V3BwdWalk& walk, const V3BwdSmem<V3BwdLayout<Cfg>>& sm) {
+  using L = V3BwdLayout<Cfg>;
+  using Tr = ac_type_traits<ac_elem_t>;
+  constexpr int BM = L::BM, BN = L::BN, D = L::D, DV = L::DV, STAGES = L::STAGES, CH = L::DQ_CHUNK;
+  constexpr int KQ = BM / 16;
+  const int tid = threadIdx.x & 127, warp_wg = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int key0 = walk.kv0 + 16 * warp_wg;
+  float acc_dv[DV / 2];
+#pragma unroll
+  for (int i = 0; i < DV / 2; ++i) acc_dv[i] = 0.f;
+  const unsigned int sDqStage = sm.base + L::kDqStageOffset + warp_wg * 16 * L::kDqRowFloats * 4;  // this warp's rows
+
+  // dV and dQ of step j (its tiles j & 1, query block q0 of head h, stage sj)
+  auto behind = [&](int j, int h, int q0, int sj) {
+    named_bar_sync(kRoleBarPsFull + (j & 1), 256);
+    {
+      const unsigned long long pa = opaque_u64(wgmma_desc_sw128(sm.pt(j & 1), 16, 1024));
+      const unsigned long long ddo_t = opaque_u64(wgmma_desc_sw128(sm.dout(sj), BM * 128, 1024));
+      reg_fence(acc_dv);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dv(acc_dv, pa + ((kk * 32) >> 4), ddo_t + ((kk * 16 * 128) >> 4), 1);
+      wgmma_commit();
+    }
+    const unsigned long long dds = opaque_u64(wgmma_desc_sw128(sm.ds(j & 1), BN * 128, 1024));
+    const long long trow = (long long)walk.b * bp.Nq_pad + q0 + 16 * warp_wg;
+#pragma unroll
+    for (int c = 0; c < D / CH; ++c) {
+      float acc_dq[CH / 2];
+      v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, sm.k(), c * CH);  // (its wait retires the dV product too)
+      if (c == 0) {
+        reg_fence(acc_dv);
+        mbar_arrive(sm.empty(sj));  // the step's dO is no longer read
+      }
+      v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, c * CH),
+                          q0 + 16 * warp_wg, p.Nq);
+    }
+  };
+
+  int i = 0, prev_h = 0, prev_q0 = 0, prev_s = 0;
+  for (int it = walk.next<true>(0, p, buf); it < walk.total; ++i) {
+    const int it_next = walk.next<true>(it + 1, p, buf);
+    int h, q0;
+    walk.coords(it, h, q0);
+    const int s = i % STAGES;
+    mbar_wait(sm.full(s), (i / STAGES) & 1);
+    float dp_flat[BM / 2];
+    v3_bwd_roles_st<DV>(dp_flat, sm.v(), sm.dout(s));
+    {
+      const unsigned int a = sm.dp(i & 1) + tid * 16;
+#pragma unroll
+      for (int r = 0; r < BM / 8; ++r) {
+        st_shared_f32x4(a + r * 128 * 16, dp_flat[4 * r], dp_flat[4 * r + 1], dp_flat[4 * r + 2], dp_flat[4 * r + 3]);
+      }
+    }
+    named_bar_arrive(kRoleBarDpFull + (i & 1), 256);
+    if (i > 0) behind(i - 1, prev_h, prev_q0, prev_s);
+    prev_h = h;
+    prev_q0 = q0;
+    prev_s = s;
+    it = it_next;
+  }
+  if (i > 0) behind(i - 1, prev_h, prev_q0, prev_s);
+  if (lane == 0) bulk_wait_read_all();  // the last reduction reads shared memory: it must outlive it
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key0 + g + 8 * hf;
+    if (key < p.Nk) {
+      ac_elem_t* dv = reinterpret_cast<ac_elem_t*>(bp.dv) + walk.b * bp.dv_sb + walk.h_kv * bp.dv_sh +
+                      (long long)key * bp.dv_sn + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < DV / 8; ++nt) {
+        *reinterpret_cast<unsigned int*>(dv + nt * 8) = Tr::pack2(acc_dv[4 * nt + 2 * hf], acc_dv[4 * nt + 2 * hf + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace ac

@@ -1,0 +1,101 @@
+"""GPU: the Hopper backward with its consumers split by role (``dkv_roles``, ``v3_bwd_roles.cuh``).
+
+Warpgroup 0 computes S^T, the elementwise step and dK; warpgroup 1 dP^T, dV and dQ one step behind; dP^T and P^T /
+dS^T go through shared memory.  Every preset and dropout at MLA's 192 x 128 and at the other head dims above 128 the
+plan takes, by the error-ratio rule against float64, at sequence lengths that are not multiples of any block,
+cross lengths (CTAs whose walk has no step), GQA, the ``bnhd`` layout, fp16 and packed sequences.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+import attncompiler as ac
+from attncompiler.spec import presets
+from attncompiler.testing import check_kernel_grads
+
+pytestmark = pytest.mark.gpu
+
+H = 3
+PRESET_NAMES = ("plain", "causal", "sliding_window", "alibi", "softcap", "prefix_lm", "document", "dropout")
+ROLE_DIMS = ((192, 128), (192, 192), (256, 128), (128, 192))
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the v3 backward needs an sm_90 GPU")
+
+
+def _spec(name: str, d: int, dv: int, dtype: str = "bf16") -> ac.AttentionSpec:
+    if name == "dropout":
+        spec = ac.AttentionSpec(head_dim=d, dtype=dtype, dropout_p=0.2, name="dropout")
+    else:
+        spec = presets.get_preset(name, head_dim=d, dtype=dtype, num_heads=H, seqlen=1023)
+    return dataclasses.replace(spec, head_dim_v=dv)
+
+
+def _kernel(spec: ac.AttentionSpec, **backward_options):
+    kern = ac.compile(spec)
+    kern.backward_options = {"schedule": "v3", "dkv_roles": True, **backward_options}
+    return kern
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile():
+    """Every backward source these tests use, compiled in parallel processes into the disk cache."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    from attncompiler.ir.build import build_ir
+    from attncompiler.plan.targets import detect_target
+    from attncompiler.runtime.backward import bwd_source
+    from attncompiler.runtime.compiler import precompile_to_disk
+
+    tgt = detect_target()
+    jobs = []
+    for name in PRESET_NAMES:
+        for d, dv in ROLE_DIMS:
+            ir = build_ir(_spec(name, d, dv))
+            jobs.append((bwd_source(ir, tgt, options={"schedule": "v3", "dkv_roles": True}).source, tgt.nvrtc_arch))
+    precompile_to_disk(jobs, workers=min(16, os.cpu_count() or 1))
+    yield
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_roles_every_preset(name):
+    for d, dv in ROLE_DIMS:
+        kern = _kernel(_spec(name, d, dv))
+        src = kern.backward_source()
+        assert "DKV_ROLES = true" in src and "DKV_SPLIT = false" in src, (d, dv)
+        for nq, nk in ((113, 113), (1023, 1023), (300, 77)):
+            assert (r := check_kernel_grads(kern, 2, H, nq, nk)).ok, f"{name} {d}x{dv} {nq}x{nk}: {r}"
+
+
+@needs_hopper
+def test_roles_cross_lengths_gqa_layout_fp16():
+    kern = _kernel(_spec("causal", 192, 128))
+    # (1, 5000): every key block past the first has no query that sees it (a walk without steps: dK = dV = 0)
+    for nq, nk in ((113, 1023), (1023, 113), (64, 128), (1, 5000)):
+        assert (r := check_kernel_grads(kern, 2, 3, nq, nk)).ok, f"{nq}x{nk}: {r}"
+    assert (r := check_kernel_grads(kern, 2, 4, 300, H_kv=2, use_lse=True)).ok, str(r)
+    assert (r := check_kernel_grads(kern, 1, 2, 257, layout="bnhd")).ok, str(r)
+    fp16 = _kernel(_spec("causal", 192, 128, "fp16"))
+    assert (r := check_kernel_grads(fp16, 1, 2, 1023)).ok, f"fp16: {r}"
+    plain = _kernel(_spec("plain", 192, 128))
+    assert (r := check_kernel_grads(plain, 1, 2, 4096, H_kv=1)).ok, str(r)
+
+
+@needs_hopper
+def test_roles_packed_sequences():
+    from attncompiler.testing_varlen import check_varlen_grads
+
+    for d, dv in ((192, 128), (256, 128)):
+        kern = _kernel(_spec("causal", d, dv))
+        res = check_varlen_grads(kern, (0, 1, 113, 1023, 7, 256), (5, 0, 200, 1023, 64, 300), H=2)
+        assert res.ok, f"{d}x{dv}: {res}"
