@@ -69,7 +69,7 @@ def _precompile():
         jobs.append((bwd_source(build_ir(_spec(name, 256)), tgt, options={"schedule": "v3"}).source, tgt.nvrtc_arch))
         for d, dv in _PADDED_SPLIT_DIMS:
             ir = build_ir(dataclasses.replace(_spec(name, d), head_dim_v=dv))
-            jobs.append((bwd_source(ir, tgt).source, tgt.nvrtc_arch))
+            jobs.append((bwd_source(ir, tgt, options={"dkv_split": True}).source, tgt.nvrtc_arch))
     for opts in _OPTION_SETS:
         for d in (64, 128):
             for name in ("causal", "document"):
@@ -100,8 +100,11 @@ def test_auto_backward_is_v3_on_hopper(head_dim):
     det = ac.compile(presets.causal(head_dim)).backward_source(deterministic=True)
     assert "schedule v3 backward" in det and "DETERMINISTIC = true" in det
     assert "schedule v2 backward" in ac.compile(presets.causal(160)).backward_source()
-    assert "DKV_SPLIT = true" in ac.compile(presets.causal(256)).backward_source()  # dK / dV split by columns
-    assert "DKV_SPLIT = true" in ac.compile(presets.causal(192)).backward_source()  # (D rounded up to 256)
+    # above 128 the consumers split by role (test_gpu_v3_bwd_roles.py), or by columns where that does not fit (256 x
+    # 256's shared memory) and for deterministic dQ
+    assert "DKV_SPLIT = true" in ac.compile(presets.causal(256)).backward_source()
+    assert "DKV_ROLES = true" in ac.compile(presets.causal(192)).backward_source()
+    assert "DKV_SPLIT = true" in ac.compile(presets.causal(192)).backward_source(deterministic=True)
     assert "schedule v3 backward" in ac.compile(presets.causal(96)).backward_source()
 
 
@@ -138,7 +141,7 @@ _OPTION_SETS = ({"consumers": 1}, {"stages": 3}, {"consumers": 1, "stages": 4}, 
                 {"dq_red": 2, "dq_split_n": False}, {"dq_red": 1, "consumers": 1}, {"dq_defer": False},
                 {"dq_defer": False, "dq_split_n": False}, {"dkv_split": True}, {"dq_pad": 0}, {"dq_chunk": 16},
                 {"dkv_split": True, "dq_red": 1}, {"dq_wide": True, "dq_split_n": False},
-                {"dq_wide": True, "dq_chunk": 16})
+                {"dq_wide": True, "dq_chunk": 16}, {"dkv_roles": True}, {"dkv_roles": True, "dq_stages": 1})
 
 
 @needs_hopper
@@ -177,14 +180,15 @@ def test_v3_d256_splits_dk_dv_by_columns(name):
         narrow = _kernel(_spec(name, 256), schedule="v3", dq_wide=False)  # one 32-column dQ product per chunk
         assert "DQ_WIDE = false" in narrow.backward_source()
         assert (r := check_kernel_grads(narrow, 2, H, 300, 77)).ok, f"dq_wide=False: {r}"
-        mixed = _kernel(dataclasses.replace(_spec(name, 256), head_dim_v=128), schedule="v3")
+        mixed = _kernel(dataclasses.replace(_spec(name, 256), head_dim_v=128), schedule="v3", dkv_split=True)
         assert "DKV_SPLIT = true" in mixed.backward_source()
         assert (r := check_kernel_grads(mixed, 2, 2, 300)).ok, f"D=256, DV=128: {r}"
 
 
 # (D, DV) of whole 64-column boxes above 128 that are not multiples of 128: with dK / dV split by columns the kernel
 # rounds them up to 256 (MLA's 192 x 128: warpgroup 1 owns dK / dQ columns 128..255, of which 192..255 are TMA's
-# zero fill, computed and never stored)
+# zero fill, computed and never stored). By default these run the roles kernel (test_gpu_v3_bwd_roles.py); the column
+# split is forced here, as deterministic dQ takes it.
 _PADDED_SPLIT_DIMS = ((192, 128), (192, 192), (128, 192))
 
 
@@ -192,7 +196,7 @@ _PADDED_SPLIT_DIMS = ((192, 128), (192, 192), (128, 192))
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_v3_split_dims_rounded_up(name):
     for d, dv in _PADDED_SPLIT_DIMS:
-        kern = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv))
+        kern = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dkv_split=True)
         src = kern.backward_source()
         assert "schedule v3 backward" in src and "DKV_SPLIT = true" in src, (d, dv)
         for nq, nk in ((113, 113), (1023, 1023), (300, 77)):
@@ -201,16 +205,16 @@ def test_v3_split_dims_rounded_up(name):
             assert (r := check_kernel_grads(kern, 2, 4, 300, H_kv=2, use_lse=True)).ok, f"{d}x{dv}: {r}"
             assert (r := check_kernel_grads(kern, 1, 2, 257, layout="bnhd")).ok, f"{d}x{dv}: {r}"
             assert (r := check_kernel_grads(kern, 2, 2, 300, 77, deterministic=True)).ok, f"{d}x{dv} det: {r}"
-            fp16 = _kernel(dataclasses.replace(_spec(name, d, "fp16"), head_dim_v=dv))
+            fp16 = _kernel(dataclasses.replace(_spec(name, d, "fp16"), head_dim_v=dv), dkv_split=True)
             assert (r := check_kernel_grads(fp16, 1, 2, 1023)).ok, f"{d}x{dv} fp16: {r}"
             assert "DQ_WIDE = false" in src  # (chunk by chunk skips the zero columns' chunk)
-            narrow = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_chunk=32)
+            narrow = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dkv_split=True, dq_chunk=32)
             assert "DQ_WIDE = false" in narrow.backward_source() and "DQ_CHUNK = 32" in narrow.backward_source()
             assert (r := check_kernel_grads(narrow, 2, H, 300, 77)).ok, f"{d}x{dv} dq_chunk=32: {r}"
-            wide = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_wide=True)
+            wide = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dkv_split=True, dq_wide=True)
             assert "DQ_WIDE = true" in wide.backward_source()
             assert (r := check_kernel_grads(wide, 2, H, 300, 77)).ok, f"{d}x{dv} dq_wide=True: {r}"
-            red1 = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dq_red=1)
+            red1 = _kernel(dataclasses.replace(_spec(name, d), head_dim_v=dv), dkv_split=True, dq_red=1)
             assert (r := check_kernel_grads(red1, 2, H, 300, 77)).ok, f"{d}x{dv} dq_red=1: {r}"
 
 
@@ -218,7 +222,7 @@ def test_v3_split_dims_rounded_up(name):
 def test_v3_split_dims_rounded_up_packed_sequences():
     from attncompiler.testing_varlen import check_varlen_grads
 
-    kern = _kernel(dataclasses.replace(presets.causal(192), head_dim_v=128))
+    kern = _kernel(dataclasses.replace(presets.causal(192), head_dim_v=128), dkv_split=True)
     assert "DKV_SPLIT = true" in kern.backward_source()
     for det in (False, True):
         res = check_varlen_grads(kern, (0, 1, 113, 1023, 7, 256), (5, 0, 200, 1023, 64, 300), H=2, deterministic=det)

@@ -92,6 +92,21 @@ def test_roles_cross_lengths_gqa_layout_fp16():
 
 
 @needs_hopper
+def test_roles_default_and_options():
+    """schedule "auto" takes the roles kernel above 128 (the column split for deterministic dQ); its options run."""
+    mla = _spec("causal", 192, 128)
+    auto = ac.compile(mla)
+    assert "DKV_ROLES = true" in auto.backward_source() and "DQ_STAGES = 3" in auto.backward_source()
+    assert "DKV_SPLIT = true" in auto.backward_source(deterministic=True)
+    assert (r := check_kernel_grads(auto, 2, H, 300, 77)).ok, f"auto: {r}"
+    for opts in ({"dq_wide": False}, {"dq_stages": 1}, {"dq_stages": 2, "dq_pad": 0}, {"stages": 3, "dq_stages": 1}):
+        kern = _kernel(mla, **opts)
+        assert "DKV_ROLES = true" in kern.backward_source(), opts
+        for nq, nk in ((113, 113), (300, 77)):
+            assert (r := check_kernel_grads(kern, 2, H, nq, nk)).ok, f"{opts} {nq}x{nk}: {r}"
+
+
+@needs_hopper
 def test_roles_packed_sequences():
     from attncompiler.testing_varlen import check_varlen_grads
 

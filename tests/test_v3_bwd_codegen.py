@@ -103,7 +103,7 @@ def test_plan_d256_splits_dk_dv_by_columns():
     assert "rejected consumers=2, dq_chunk=64, dq_pad=0, stages=2: smem 247848 B" in text
     with pytest.raises(PlanError, match="consumers=1: dkv_split splits dK/dV over 2 consumer warpgroups"):
         plan_v3_bwd(ProblemDims(256), SM90, consumers=1)
-    mixed = plan_v3_bwd(ProblemDims(256, 128), SM90)  # D = 256, DV = 128: both halves whole boxes
+    mixed = plan_v3_bwd(ProblemDims(256, 128), SM90, dkv_split=True)  # D = 256, DV = 128: both halves whole boxes
     assert mixed.dkv_split and mixed.est_registers_per_thread == 64 + 32 + 64 + 40
     forced = plan_v3_bwd(ProblemDims(128), SM90, dkv_split=True)  # the same kernel at d128 (tests compare)
     assert (forced.block_n, forced.dkv_split, forced.dq_defer) == (64, True, False)
@@ -121,19 +121,19 @@ def test_plan_d256_splits_dk_dv_by_columns():
 def test_plan_split_rounds_head_dims_up_to_whole_halves():
     """MLA's D = 192, DV = 128: dK / dV split by columns over D rounded up to 256, so each warpgroup's half is whole
     boxes; the kernel is D = 256's in shared memory and registers, and computes (never stores) columns 192..255."""
-    mla = plan_v3_bwd(ProblemDims(192, 128), SM90)
-    wide = plan_v3_bwd(ProblemDims(256, 128), SM90)
+    mla = plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_split=True)  # (by default: the roles kernel)
+    wide = plan_v3_bwd(ProblemDims(256, 128), SM90, dkv_split=True)
     assert (mla.dkv_split, mla.consumers, mla.dq_split_n, mla.stages, mla.dq_chunk) == (True, 2, True, 2, 64)
     assert not mla.dq_wide and wide.dq_wide  # chunk by chunk skips the zero columns' chunk
-    assert plan_v3_bwd(ProblemDims(192, 128), SM90, dq_wide=True).dq_wide
+    assert plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_split=True, dq_wide=True).dq_wide
     assert (mla.smem_bytes, mla.est_registers_per_thread) == (wide.smem_bytes, wide.est_registers_per_thread)
     assert (split_width(192, True), split_width(128, True), split_width(192, False)) == (256, 128, 192)
     assert "128 + 64 each of D, DV rounded up to 256, 128 (zero columns past D / DV" in mla.describe()
     assert "columns split over the warpgroups (128 each)" in mla.describe()
-    assert plan_v3_bwd(ProblemDims(192), SM90).smem_bytes == plan_v3_bwd(ProblemDims(256), SM90).smem_bytes
+    assert plan_v3_bwd(ProblemDims(192), SM90, dkv_split=True).smem_bytes == plan_v3_bwd(ProblemDims(256), SM90).smem_bytes
     assert v3_bwd_refusal(ProblemDims(192, 128), SM90) is None and v3_bwd_auto_refusal(ProblemDims(192, 128), SM90) is None
     assert "in [128, 256], got D=160" in v3_bwd_refusal(ProblemDims(160, 128), SM90)
-    src = _render(dataclasses.replace(presets.causal(192), head_dim_v=128)).source
+    src = _render(dataclasses.replace(presets.causal(192), head_dim_v=128), dkv_split=True).source
     assert "static constexpr int D = 192;" in src and "DKV_SPLIT = true" in src
     assert "DK_N == 128 && ac::V3BwdLayout<V3BwdConfig>::DV_N == 64" in src and "DQ_N == 128" in src
     assert "m64n128k16" in src and "m64n64k16" in src  # dK (128 columns a warpgroup), dV and the dQ chunks (64)
@@ -365,13 +365,15 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
     jobs = {name: _render(spec).source for name, spec in _all_specs(head_dim).items()}
     if head_dim == 256:  # dK / dV split by columns over the two consumers (dkv_split), dQ in one wgmma or by chunks
         jobs["causal dq_wide=False"] = _render(presets.causal(head_dim), dq_wide=False).source
-        jobs["causal D=256 DV=128"] = _render(dataclasses.replace(presets.causal(256), head_dim_v=128)).source
+        jobs["causal D=256 DV=128"] = _render(dataclasses.replace(presets.causal(256), head_dim_v=128),
+                                              dkv_split=True).source
         # D rounded up to 256 under the split (MLA's 192 x 128): the zero columns' dK stores and dQ chunk skipped
+        # (these shapes take the roles kernel by default: test_nvcc_roles_kernels; the split stays for deterministic)
         mla = dataclasses.replace(presets.causal(192), head_dim_v=128)
-        jobs["causal D=192 DV=128"] = _render(mla).source
+        jobs["causal D=192 DV=128"] = _render(mla, dkv_split=True).source
         jobs["causal D=192 DV=128 varlen det"] = _render(mla, varlen=True, deterministic=True).source
-        jobs["causal D=192 DV=128 dq_wide"] = _render(mla, dq_wide=True).source
-        jobs["causal D=192 DV=192"] = _render(presets.causal(192)).source
+        jobs["causal D=192 DV=128 dq_wide"] = _render(mla, dkv_split=True, dq_wide=True).source
+        jobs["causal D=192 DV=192"] = _render(presets.causal(192), dkv_split=True).source
     else:
         jobs["causal consumers=1"] = _render(presets.causal(head_dim), consumers=1).source
         jobs["causal stages=3"] = _render(presets.causal(head_dim), stages=3).source
@@ -393,6 +395,73 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
         # accumulator) spills 8 B; every other variant is spill-free
         limit = 128 if "dropout" in name and head_dim >= 128 else 8 if head_dim == 256 and "varlen" in name else 0
         assert rep.registers > 0 and rep.spill_stores <= limit and rep.spill_loads <= limit, name
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_roles_kernels():
+    """The consumers split by role (v3_bwd_roles.cuh), the default above 128: every variant at MLA's 192 x 128, the
+    other shapes and options, padded and packed, compile for sm_90a (and through NVRTC) without wgmma serialization."""
+    mla = {name: dataclasses.replace(spec, head_dim_v=128) for name, spec in _all_specs(192).items()}
+    jobs = {f"{name} 192x128": _render(spec).source for name, spec in mla.items()}
+    for name in ("causal", "document"):
+        jobs[f"{name} 192x128 varlen"] = _render(mla[name], varlen=True).source
+    jobs["causal 192x128 dq_wide=False"] = _render(mla["causal"], dq_wide=False).source
+    jobs["causal 192x128 dq_stages=1"] = _render(mla["causal"], dq_stages=1).source
+    for d, dv in ((192, 192), (256, 128), (128, 192)):
+        jobs[f"causal {d}x{dv}"] = _render(dataclasses.replace(presets.causal(d), head_dim_v=dv)).source
+    jobs["causal 64x64 dkv_roles"] = _render(presets.causal(64), dkv_roles=True).source
+    for name, src in jobs.items():
+        assert "DKV_ROLES = true" in src, name
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reports = dict(zip(jobs, pool.map(lambda s: compile_with_nvcc(s, "sm_90a"), jobs.values())))
+    for name, rep in reports.items():
+        print(f"v3 bwd roles {name:34s}: spill {rep.spill_stores}/{rep.spill_loads} B")
+        assert "C751" not in rep.log and "C752" not in rep.log, name  # (every wgmma serialized)
+        # nvcc 13.0: warpgroup 0 holds dK beside S^T and dP^T through the elementwise step; dropout's Philox words
+        # spill 16 B there (192 x 128), the document mask's reads 16-20 B; every other variant is spill-free
+        limit = 32 if "dropout" in name or "document" in name else 0
+        assert rep.spill_stores <= limit and rep.spill_loads <= limit, name
+
+
+def test_plan_roles_default_above_128():
+    """Above 128 the consumers split by role by default: every product once, dP^T and P^T / dS^T through shared
+    memory; the column split where the roles kernel does not fit (256 x 256) and for deterministic dQ."""
+    mla = plan_v3_bwd(ProblemDims(192, 128), SM90)
+    assert (mla.dkv_roles, mla.dkv_split, mla.block_n, mla.consumers, mla.dq_split_n, mla.dq_chunk) == (
+        True, False, 64, 2, False, 64)
+    # 3 staging buffers a warp (one per 64-column chunk), then 2 Q / dO stages: K, V 64 x 640 B; 2 x 64 x 640 B;
+    # dS^T and P^T 2 x 2 x 8 KB; dP^T 16 KB; rows; 4 warps x 3 x 16 x 68 fp32
+    assert (mla.dq_stages, mla.stages, mla.dq_pad, mla.dq_wide) == (3, 2, 4, True)
+    assert mla.smem_bytes == 1024 + 40960 + 81920 + 32768 + 16384 + 1024 + 52224 + 40 == 226344
+    assert mla.smem_bytes == v3_bwd_smem_bytes(192, 128, 2, 2, 2, False, chunk=64, pad=4, dkv_roles=True, dq_stages=3)
+    text = mla.describe()
+    assert "sharing them by role" in text and "every product once" in text and "one step behind" in text
+    assert "rejected dkv_roles, stages=4, dq_stages=3, dq_pad=4: smem" in text
+    assert plan_v3_bwd(ProblemDims(192, 128), SM90, dq_stages=1).stages == 3  # one buffer leaves room for 3 stages
+    for dims, roles in (((192, 192), True), ((256, 128), True), ((128, 192), True), ((256, 256), False),
+                        ((128, 128), False), ((64, 64), False)):
+        p = plan_v3_bwd(ProblemDims(*dims), SM90)
+        assert p.dkv_roles == roles and p.dkv_split == (not roles and max(dims) > 128), dims
+    assert not plan_v3_bwd(ProblemDims(192, 192), SM90).dq_wide  # dV 96 + dQ 96 + dP^T 32 exceed 240
+    assert plan_v3_bwd(ProblemDims(192, 128), SM90, deterministic=True).dkv_split
+    assert plan_v3_bwd(ProblemDims(192, 128), SM90, dq_chunk=32).dkv_split  # a forced split option keeps the split
+    assert plan_v3_bwd(ProblemDims(64), SM90, dkv_roles=True).dkv_roles  # (forced: every multiple of 64)
+    with pytest.raises(PlanError, match="dkv_roles expected deterministic=False"):
+        plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, deterministic=True)
+    with pytest.raises(PlanError, match=r"dkv_roles expected dq_split_n=False, got True"):
+        plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, dq_split_n=True)
+    with pytest.raises(PlanError, match=r"expected dq_stages in \[1, 3\] .*got 4"):
+        plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, dq_stages=4)
+    with pytest.raises(PlanError, match="dq_stages=2 needs dkv_roles"):
+        plan_v3_bwd(ProblemDims(128), SM90, dq_stages=2)
+    with pytest.raises(PlanError, match=r"dkv_roles expected D and DV multiples of 64 in \[64, 256\], got D=96"):
+        plan_v3_bwd(ProblemDims(96), SM90, dkv_roles=True)
+    with pytest.raises(PlanError, match=r"smem 280616 B > 232448 B limit"):
+        plan_v3_bwd(ProblemDims(256, 256), SM90, dkv_roles=True)
+    src = _render(dataclasses.replace(presets.causal(192), head_dim_v=128)).source
+    assert "DKV_ROLES = true" in src and "DQ_STAGES = 3" in src and "m64n192k16" in src  # dK and the wide dQ
+    assert "p, 1, 1, 0, 1" in src  # dV: A (the P^T tile) K-major, B (dO) MN-major
 
 
 def test_cli_show_backward_prints_what_backward_runs(capsys):

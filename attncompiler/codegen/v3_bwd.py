@@ -127,6 +127,7 @@ def render_v3_bwd(ir: AttentionIR, plan: V3BwdPlan, target: Target, *, varlen: b
         dq_split_n=plan.dq_split_n,
         dkv_split=plan.dkv_split,
         dkv_roles=plan.dkv_roles,
+        dq_stages=plan.dq_stages,
         dq_chunk=plan.dq_chunk,
         dq_pad=plan.dq_pad,
         dq_wide=plan.dq_wide,

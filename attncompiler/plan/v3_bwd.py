@@ -66,6 +66,11 @@ HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ
 AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n32 dQ chunks and tiny GEMMs lose)
 AUTO_MIN_HEAD_DIM_WHY = ("H200, 2026-11-27, N = 16k backward TFLOP/s v3 / v2: d16 156 / 191, d32 252 / 273, "
                          "d32 causal 188 / 232; d48 268 / 224, d80 289 / 231, d96 343 / 256, d112 307 / 231")
+AUTO_DKV_ROLES = True  # above D = 128 the consumers split by role by default (dkv_split where it does not fit, and
+                       # deterministic): every product once
+AUTO_DKV_ROLES_WHY = ("H200, 2026-12-01, N = 16k backward TFLOP/s dkv_roles / dkv_split / cuDNN: 192 x 128 369.5 / "
+                      "282.7 / 297.2, causal 360.4 / 266.2 / 464.1, 192 x 192 417.8 / 284.3 / 306.3, 256 x 128 359.5 / "
+                      "309.7")
 AUTO_DKV_SPLIT = True  # schedule "auto" takes the dkv_split kernel above D = 128
 AUTO_DKV_SPLIT_WHY = ("H200, 2026-11-28, N = 16k backward TFLOP/s v3 (dkv_split) / v2 / cuDNN: d256 327.6 / 192.1 / "
                       "357.9, causal 280.8 / 178.9 / 375.3")
@@ -77,7 +82,7 @@ PRODUCER_REGS = 24     # setmaxnreg.dec target of the TMA warpgroup
 CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg.inc target: 24*128 + consumers*128*regs <= 65536
 REG_OVERHEAD = 40      # descriptors, indices, loop state, the lse2 / dsum values in flight
 V3_BWD_OPTIONS = ("consumers", "stages", "dq_split_n", "dq_red", "dq_defer", "dkv_split", "dq_chunk", "dq_pad",
-                  "dq_wide", "dkv_roles")
+                  "dq_wide", "dkv_roles", "dq_stages")
 DQ_REDS = (0, 1, 2)  # 8-byte reds from registers; staged + 16-byte reds; staged + one bulk reduction per warp
 DQ_RED_WHY = {  # docs/backward.md: d128 / d128 causal / d64 backward TFLOP/s
     0: "8-byte reds from registers (432 / 390 / 285 TFLOP/s at d128 / causal / d64, H100, 2026-11-27)",
@@ -111,6 +116,7 @@ class V3BwdPlan(Plan):
     dq_pad: int = 4
     dq_wide: bool = False
     dkv_roles: bool = False
+    dq_stages: int = 1
 
     def _config_lines(self) -> list[str]:
         lines = super()._config_lines()
@@ -156,19 +162,21 @@ def dq_chunks(d: int, consumers: int, dq_split_n: bool) -> tuple[int, ...]:
 
 
 def v3_bwd_smem_bytes(d: int, dv: int, consumers: int, stages: int, dq_red: int = 1, dq_split_n: bool = True, *,
-                      dkv_split: bool = False, chunk: int | None = None, pad: int = 4, dkv_roles: bool = False) -> int:
+                      dkv_split: bool = False, chunk: int | None = None, pad: int = 4, dkv_roles: bool = False,
+                      dq_stages: int = 1) -> int:
     """Dynamic shared memory of the v3 backward kernel (V3BwdLayout::kSmemBytes); ``chunk`` defaults to
-    :func:`dq_chunk`.  ``dkv_roles``: two P^T tiles and two fp32 dP^T tiles more, one warpgroup's dQ staging."""
+    :func:`dq_chunk`.  ``dkv_roles``: two P^T tiles and an fp32 dP^T tile more, and ``dq_stages`` staging buffers
+    for each of one warpgroup's warps."""
     bn = WGMMA_M * (1 if dkv_split or dkv_roles else consumers)
     d, dv = split_width(d, dkv_split), split_width(dv, dkv_split)
     db, dvb = -(-d // BOX_COLS), -(-dv // BOX_COLS)
     kv = bn * (db + dvb) * 128
     stage = BLOCK_M * (db + dvb) * 128
-    ds = 2 * bn * 128 + (2 * bn * 128 + 2 * bn * BLOCK_M * 4 if dkv_roles else 0)
+    ds = 2 * bn * 128 + (2 * bn * 128 + bn * BLOCK_M * 4 if dkv_roles else 0)
     rows = stages * 2 * BLOCK_M * 4
     bars = 8 * (1 + 2 * stages)
     chunk = dq_chunk(d, consumers, dq_split_n) if chunk is None else chunk
-    staging = (1 if dkv_roles else consumers) * 4 * 16 * (chunk + pad) * 4 if dq_red else 0  # 16 rows a warp
+    staging = (dq_stages if dkv_roles else consumers) * 4 * 16 * (chunk + pad) * 4 if dq_red else 0  # 16 rows a warp
     return ALIGN_SLACK + kv + stages * stage + ds + rows + staging + bars
 
 
@@ -186,15 +194,6 @@ def v3_bwd_register_estimate(d: int, dv: int, consumers: int, dq_split_n: bool, 
         gemm = 2 * (BLOCK_M // 16) * 4 + chunk // 2  # A fragments + one dQ chunk
     return {"dk_dv": kv, "elementwise": elementwise, "gemm": gemm,
             "total": kv + max(elementwise, gemm) + REG_OVERHEAD}
-
-
-def v3_bwd_roles_register_estimate(d: int, dv: int) -> dict[str, int]:
-    """Registers per consumer thread with ``dkv_roles`` (a ranking model): warpgroup 0 holds dK (D/2 fp32), S^T and
-    dP^T (the elementwise step; dS^T's A fragments replace them as they are packed); warpgroup 1 dV (DV/2), dP^T and
-    one 64-column dQ chunk.  (nvcc 13.0: 256 x 128 fits 240 without spills.)"""
-    s_role = d // 2 + 2 * (BLOCK_M // 2)
-    dp_role = dv // 2 + BLOCK_M // 2 + 64 // 2
-    return {"s_role": s_role, "dp_role": dp_role, "total": max(s_role, dp_role) + REG_OVERHEAD}
 
 
 def v3_bwd_refusal(ir_or_dims: Any, target: Target | str | None, *, deterministic: bool = False,
@@ -246,7 +245,8 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 stages: int | None = None, dq_split_n: bool | None = None, dq_red: int | None = None,
                 dq_defer: bool | None = None, deterministic: bool = False, varlen: bool = False,
                 dkv_split: bool | None = None, dq_chunk: int | None = None, dq_pad: int | None = None,
-                dq_wide: bool | None = None, dkv_roles: bool | None = None) -> V3BwdPlan:
+                dq_wide: bool | None = None, dkv_roles: bool | None = None,
+                dq_stages: int | None = None) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
     ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ).
     ``dkv_split`` defaults to whether D or DV exceeds 128 (it may be forced at smaller multiples of 128 too);
@@ -273,11 +273,22 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
     needs_split = _needs_dkv_split(d, dv)
-    if dkv_roles:
-        return _plan_roles(t, dims, stages=stages, deterministic=deterministic, forced={
-            "consumers": (consumers, 2), "dq_split_n": (dq_split_n, False), "dq_red": (dq_red, 2),
-            "dq_defer": (dq_defer, False), "dkv_split": (dkv_split, False), "dq_chunk": (dq_chunk, 64),
-            "dq_wide": (dq_wide, False)}, dq_pad=dq_pad)
+    if dkv_roles or (dkv_roles is None and needs_split and AUTO_DKV_ROLES and not deterministic and not dkv_split):
+        from .v3_bwd_roles import plan_roles  # (that module imports this one)
+
+        try:
+            return plan_roles(t, dims, stages=stages, deterministic=deterministic, forced={
+                "consumers": (consumers, 2), "dq_split_n": (dq_split_n, False), "dq_red": (dq_red, 2),
+                "dq_defer": (dq_defer, False), "dkv_split": (dkv_split, False), "dq_chunk": (dq_chunk, 64)},
+                dq_pad=dq_pad, dq_wide=dq_wide, dq_stages=dq_stages)
+        except PlanError:
+            if dkv_roles:
+                raise
+            # (by default: the column split where the roles kernel does not fit, e.g. 256 x 256's shared memory,
+            # or where the caller forced one of its options)
+    if dq_stages not in (None, 1):
+        raise PlanError(f"v3 backward: dq_stages={dq_stages!r} needs dkv_roles (one staging buffer per warp "
+                        f"otherwise)")
     if dkv_split is None:
         dkv_split = needs_split
     if dkv_split and any(x % SPLIT_HEAD_DIM_STEP or x < MIN_HEAD_DIM_SPLIT for x in (d, dv)):
@@ -393,55 +404,3 @@ def _plan(t: Target, dims: Any, nc: int, st: int, split: bool, dq_red: int, dq_d
         dq_defer=dq_defer, deterministic=deterministic, dkv_split=dkv_split, dq_chunk=chunk, dq_pad=pad,
         dq_wide=dq_wide,
     )
-
-
-def _plan_roles(t: Target, dims: Any, *, stages: int | None, deterministic: bool,
-                forced: dict[str, tuple[Any, Any]], dq_pad: int | None) -> V3BwdPlan:
-    """The ``dkv_roles`` plan: BLOCK_N = 64 keys owned by both consumers by role; ``forced`` maps each option to
-    (the caller's value, the one this kernel takes): any other value is refused."""
-    d, dv = dims.head_dim, dims.head_dim_v
-    for name, (given, needed) in forced.items():
-        if given is not None and given != needed:
-            raise PlanError(f"v3 backward: dkv_roles expected {name}={needed!r}, got {given!r}")
-    if deterministic:
-        raise PlanError("v3 backward: dkv_roles expected deterministic=False (warpgroup 1 adds dQ without turns), "
-                        "got True")
-    if any(x % SPLIT_HEAD_DIM_STEP or not SPLIT_HEAD_DIM_STEP <= x <= MAX_HEAD_DIM_SPLIT for x in (d, dv)):
-        raise PlanError(f"v3 backward: dkv_roles expected D and DV multiples of {SPLIT_HEAD_DIM_STEP} in "
-                        f"[{SPLIT_HEAD_DIM_STEP}, {MAX_HEAD_DIM_SPLIT}], got D={d}, DV={dv}")
-    if dq_pad is not None and dq_pad not in DQ_PADS:
-        raise PlanError(f"v3 backward: expected dq_pad in {DQ_PADS}, got {dq_pad!r}")
-    regs = v3_bwd_roles_register_estimate(d, dv)
-    if regs["total"] > CONSUMER_REGS[2]:
-        raise PlanError(f"v3 backward: dkv_roles at D={d}, DV={dv}: registers ~{regs['total']} > {CONSUMER_REGS[2]} "
-                        f"(setmaxnreg of the consumers)")
-    limit = min(SMEM_LIMIT_SM90, t.max_smem_per_block_optin)
-    rejected: list[str] = []
-    for pad in ((dq_pad,) if dq_pad is not None else DQ_PADS):
-        for st in ((stages,) if stages is not None else STAGES):
-            smem = v3_bwd_smem_bytes(d, dv, 2, st, 2, False, chunk=64, pad=pad, dkv_roles=True)
-            if smem > limit:
-                rejected.append(f"dkv_roles, dq_pad={pad}, stages={st}: smem {smem} B > {limit} B limit")
-                continue
-            reasons = (
-                f"D={d}, DV={dv} ({dims.dtype}) on {t.name}: v3 backward (TMA + wgmma), smem <= {limit} B/block",
-                "BLOCK_N = 64 keys per CTA, owned by both consumer warpgroups by role: warpgroup 0 S^T, the "
-                "elementwise step and dK, warpgroup 1 dP^T, dV and dQ (one step behind), dP^T and P^T / dS^T "
-                f"exchanged through shared memory (every product once); BLOCK_M = {BLOCK_M} query rows per step",
-                f"registers ~ max(warpgroup 0 {regs['s_role']}, warpgroup 1 {regs['dp_role']}) + overhead "
-                f"{REG_OVERHEAD} = {regs['total']} <= {CONSUMER_REGS[2]}",
-                f"smem = 1024 + K,V 64x(D+DV) + {st} stages x 64x(D+DV) (x2 B) + 2 dS^T + 2 P^T tiles + 2 dP^T "
-                f"(fp32) + rows + staged dQ 4 warps x 16 x {64 + pad} fp32" + (" (rows swizzled, not padded)"
-                                                                                if pad == 0 else "") + f" = {smem} B",
-                f"dQ by warpgroup 1, chunks of 64 columns; {DQ_RED_WHY[2]}",
-                *(f"rejected {r}" for r in rejected),
-            )
-            return V3BwdPlan(
-                schedule="v3_bwd", target=t.name, head_dim=d, head_dim_v=dv, dtype=dims.dtype, block_m=BLOCK_M,
-                block_n=64, num_warps=12, num_threads=384, smem_bytes=smem,
-                est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=2, stages=st,
-                producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[2], dq_split_n=False, dq_red=2,
-                dq_defer=False, deterministic=False, dkv_split=False, dq_chunk=64, dq_pad=pad, dq_wide=False,
-                dkv_roles=True,
-            )
-    raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}, dkv_roles): " + "; ".join(rejected))

@@ -113,6 +113,11 @@ template <int = 0>
 __device__ __forceinline__ void bulk_wait_read_all() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// Wait until at most N of the committed groups have not yet read their shared memory (a ring of N + 1 buffers).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
 // Wait until every committed group is complete (its global writes done).
 template <int = 0>
 __device__ __forceinline__ void bulk_wait_all() {

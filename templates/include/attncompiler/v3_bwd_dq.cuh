@@ -56,12 +56,14 @@ __device__ __forceinline__ V3BwdTurn v3_bwd_turn(const unsigned int* sem, int b,
 // bulk asynchronous reduction (TMA) from lane 0, which waits for its previous one to have read the buffer before
 // the buffer is rewritten. Measured on the H200 (timing build, N = 16k, backward TFLOP/s): d128 512 vs 450 for 1,
 // causal 476 vs 420, d64 395 vs 378; one bulk reduction per 256-byte row instead: 426 / 389 / 316.
-template <class L>
+// kPending (DQ_RED 2): the warp stages into a ring of kPending + 1 buffers, so it waits only until at most kPending
+// reductions have not yet read theirs.
+template <class L, int kPending = 0>
 __device__ __forceinline__ void v3_bwd_dq_staged(const float (&acc)[L::DQ_CHUNK / 2], unsigned int s_stage,
                                                  float* gdq, int row0, int nq) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if constexpr (L::DQ_RED == 2) {
-    if (lane == 0) bulk_wait_read_all();  // the previous chunk's reduction has read the buffer
+    if (lane == 0) bulk_wait_read<kPending>();  // the reduction that last used this buffer has read it
   }
   __syncwarp();
 #pragma unroll

@@ -4,9 +4,10 @@
 // Shared memory (from a 1024-byte aligned base; every tile is made of 64-column boxes of rows x 128 bytes):
 //   K (DB boxes of BLOCK_N rows) | V (DVB boxes) | STAGES x [Q (DB boxes of 64 rows) | dO (DVB boxes)] |
 //   dS^T x 2 (BLOCK_N rows x 128 bytes, double-buffered: the dQ GEMM of step i reads one while step i + 1
-//   writes the other; DKV_SPLIT: one per warpgroup) | DKV_ROLES: P^T x 2 (the same layout), dP^T x 2 (64 x 64
-//   fp32 in fragment order) | STAGES x [lse2 (64 fp32) | dsum (64 fp32)] |
-//   DQ_RED > 0: 16 x (DQ_CHUNK + DQ_PAD) fp32 per consumer warp (its staged dQ rows) |
+//   writes the other; DKV_SPLIT: one per warpgroup) | DKV_ROLES: P^T x 2 (the same layout), dP^T (64 x 64 fp32
+//   in fragment order) | STAGES x [lse2 (64 fp32) | dsum (64 fp32)] |
+//   DQ_RED > 0: 16 x (DQ_CHUNK + DQ_PAD) fp32 per consumer warp (its staged dQ rows; DKV_ROLES: DQ_STAGES of them
+//   per warp of warpgroup 1) |
 //   mbarriers: KV, full[STAGES], empty[STAGES]
 //
 // Requires: v3_sm90.cuh (TmaDesc), v3_rows.cuh; the walk also Variant, AttnParams, AttnBuffers.
@@ -57,7 +58,7 @@ struct V3BwdLayout {
   static constexpr int kPOffset = kDSOffset + 2 * kDSBytes;    // DKV_ROLES: P^T x 2 (dS^T's layout), for dV's A
   static constexpr int kDPBytes = kRoles ? BN * BM * 4 : 0;     // DKV_ROLES: one dP^T in fragment order (fp32)
   static constexpr int kDPOffset = kPOffset + (kRoles ? 2 * kDSBytes : 0);
-  static constexpr int kRowsOffset = kDPOffset + 2 * kDPBytes;
+  static constexpr int kRowsOffset = kDPOffset + kDPBytes;
   static constexpr int kDqStageOffset = kRowsOffset + STAGES * 2 * kRowBytes;
   static constexpr bool kSplitN = Cfg::DQ_SPLIT_N;
   static constexpr int DQ_N = kSplitN ? DKP / NC : D;  // dQ columns per warpgroup (chunks past D are skipped)
@@ -86,8 +87,11 @@ struct V3BwdLayout {
     const long long tile = ((trow / 16) * H + h) * (D / DQ_CHUNK) + col / DQ_CHUNK;
     return tile * kDqTileFloats + dq_tile_offset(static_cast<int>(trow % 16), col % DQ_CHUNK);
   }
-  // 16 rows per consumer warp that adds dQ (DKV_ROLES: warpgroup 1's four)
-  static constexpr int kDqStageBytes = DQ_RED ? (kRoles ? 1 : NC) * 4 * 16 * kDqRowFloats * 4 : 0;
+  // DKV_ROLES: staging buffers per warp (a ring: a chunk waits only for the reduction DQ_STAGES chunks back)
+  static constexpr int DQ_STAGES = Cfg::DQ_STAGES;
+  static constexpr int kDqWarpStageBytes = 16 * kDqRowFloats * 4;  // one warp's 16 staged rows
+  // per consumer warp that adds dQ (DKV_ROLES: warpgroup 1's four, DQ_STAGES buffers each)
+  static constexpr int kDqStageBytes = DQ_RED ? (kRoles ? DQ_STAGES : NC) * 4 * kDqWarpStageBytes : 0;
   static constexpr int kBarOffset = kDqStageOffset + kDqStageBytes;
   static constexpr int kNumBars = 1 + 2 * STAGES;
   static constexpr int kAlignSlack = 1024;  // dynamic shared memory is only 16-byte aligned
@@ -98,10 +102,12 @@ struct V3BwdLayout {
                 "each consumer warpgroup owns 64 keys (1 or 2 of them), or with DKV_SPLIT / DKV_ROLES both own the "
                 "same 64");
   static_assert(!(kKvSplit && kRoles), "DKV_SPLIT or DKV_ROLES");
-  static_assert(!kRoles || (!kSplitN && !Cfg::DQ_DEFER && !Cfg::DQ_WIDE && DQ_RED == 2 && Cfg::DQ_CHUNK == 64 &&
+  static_assert(DQ_STAGES >= 1 && (kRoles || DQ_STAGES == 1) && DQ_STAGES <= D / Cfg::DQ_CHUNK,
+                "dQ staging buffers per warp: 1, or with DKV_ROLES up to one per chunk of a step");
+  static_assert(!kRoles || (!kSplitN && !Cfg::DQ_DEFER && DQ_RED == 2 && Cfg::DQ_CHUNK == 64 &&
                             !Cfg::DETERMINISTIC && D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256),
-                "DKV_ROLES: warpgroup 1 adds all D columns of dQ (64-column chunks, bulk reductions) one step behind "
-                "warpgroup 0; head dims of whole boxes, at most 256");
+                "DKV_ROLES: warpgroup 1 adds all D columns of dQ (64-column chunks, bulk reductions; DQ_WIDE: one "
+                "product) one step behind warpgroup 0; head dims of whole boxes, at most 256");
   static_assert(D % 16 == 0 && DV % 16 == 0 && (kKvSplit ? (D % 64 == 0 && DV % 64 == 0 && D >= 128 && DV >= 128 &&
                                                              D <= 256 && DV <= 256)
                                                          : (kRoles || (D <= 128 && DV <= 128))),

@@ -12,13 +12,14 @@
 // So warpgroup 0's elementwise step of block i runs under warpgroup 1's dV / dQ products of block i - 1.
 //
 // Two named barriers per parity (256 threads: one warpgroup arrives, the other syncs), step i using parity i & 1:
-//   dp_full(pb): warpgroup 1 has stored dP^T of step i in dP buffer pb;
+//   dp_full(pb): warpgroup 1 has stored dP^T of step i in the dP buffer;
 //   ps_full(pb): warpgroup 0 has stored P^T and dS^T of step i in tiles pb.
 // Every arrival has its sync (each step one of each), and the buffers need no "free" barriers: warpgroup 1 stores
-// dP^T of step i + 2 into buffer pb only after its ps_full(i + 1) sync, which warpgroup 0 arrives after loading dP^T
-// of step i + 1 -- later than its load of step i; warpgroup 0 overwrites tiles pb at step i + 2 only after its
-// dp_full(i + 2) sync, which warpgroup 1 arrives after its step i + 1 turn, whose dV / dQ products of step i have
-// retired (wgmma_wait) by then.
+// dP^T of step i + 1 only after its ps_full(i) sync, which warpgroup 0 arrives after loading dP^T of step i;
+// warpgroup 0 overwrites tiles pb at step i + 2 only after its dp_full(i + 2) sync, which warpgroup 1 arrives after
+// its step i + 1 turn, whose dV / dQ products of step i have retired (wgmma_wait) by then.
+// dQ's staging: each warp of warpgroup 1 stages its chunks in a ring of DQ_STAGES buffers, and waits before staging
+// only for the reduction that used the buffer last (DQ_STAGES - 1 others may still be reading theirs).
 // Stage release: each thread of both warpgroups arrives once per step on empty[s] (count 256): warpgroup 0 when the
 // next step's S^T wait has retired its dK product (Q read), warpgroup 1 when its dQ product's first wait has retired
 // the dV product (dO read).
@@ -51,7 +52,11 @@ struct V3BwdSmem {
   }
   __device__ __forceinline__ unsigned int ds(int pb) const { return base + L::kDSOffset + pb * L::kDSBytes; }
   __device__ __forceinline__ unsigned int pt(int pb) const { return base + L::kPOffset + pb * L::kDSBytes; }
-  __device__ __forceinline__ unsigned int dp(int pb) const { return base + L::kDPOffset + pb * L::kDPBytes; }
+  __device__ __forceinline__ unsigned int dp() const { return base + L::kDPOffset; }
+  // warp w (0..3) of warpgroup 1: its staging buffer n (0 .. DQ_STAGES - 1)
+  __device__ __forceinline__ unsigned int dq_stage(int n, int w) const {
+    return base + L::kDqStageOffset + (n * 4 + w) * L::kDqWarpStageBytes;
+  }
 };
 
 constexpr int kRoleBarDpFull = 1;  // + parity
@@ -71,7 +76,7 @@ __device__ __forceinline__ bool v3_bwd_step_masked(const V3BwdWalk& walk, int h,
 // S^T (m64 n64 over the K dimension KD) of one step: A = the 64 rows at a_rows (boxes of 64 rows), B = the 64 rows
 // at b_rows (boxes of 64 rows), both K-major; committed and waited (with every older wgmma of the warpgroup).
 template <int KD>
-__device__ __forceinline__ void v3_bwd_roles_st(float (&acc)[32], unsigned int a_rows, unsigned int b_rows) {
+__device__ __forceinline__ void v3_bwd_roles_st_issue(float (&acc)[32], unsigned int a_rows, unsigned int b_rows) {
   const unsigned long long da = opaque_u64(wgmma_desc_sw128(a_rows, 16, 1024));
   const unsigned long long db = opaque_u64(wgmma_desc_sw128(b_rows, 16, 1024));
   reg_fence(acc);
@@ -82,6 +87,10 @@ __device__ __forceinline__ void v3_bwd_roles_st(float (&acc)[32], unsigned int a
     wgmma_bwd_s(acc, da + (off >> 4), db + (off >> 4), kk > 0 ? 1 : 0);
   }
   wgmma_commit();
+}
+template <int KD>
+__device__ __forceinline__ void v3_bwd_roles_st(float (&acc)[32], unsigned int a_rows, unsigned int b_rows) {
+  v3_bwd_roles_st_issue<KD>(acc, a_rows, b_rows);
   wgmma_wait<0>();
   reg_fence(acc);
 }
@@ -122,7 +131,7 @@ __device__ __forceinline__ void v3_bwd_role_s(const AttnParams& p, const AttnBwd
 
     named_bar_sync(kRoleBarDpFull + (i & 1), 256);
     {
-      const unsigned int a = sm.dp(i & 1) + tid * 16;
+      const unsigned int a = sm.dp() + tid * 16;
 #pragma unroll
       for (int r = 0; r < BM / 8; ++r) {
         float v[4];
@@ -133,9 +142,16 @@ __device__ __forceinline__ void v3_bwd_role_s(const AttnParams& p, const AttnBwd
     }
     const float* s_lse2 = sm.lse2(s);
     const float* s_dsum = s_lse2 + BM;
+#ifdef AC_ROLES_NO_ELEM  // (timing only: wrong results)
+    if (false) {
+#else
     if (masked) {
+#endif
       bwd_tile_elementwise<1, NTQ, true, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, walk.b, h, scale_log2, p, buf);
     } else {
+#ifdef AC_ROLES_NO_ELEM
+      if (false)
+#endif
       bwd_tile_elementwise<1, NTQ, false, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, walk.b, h, scale_log2, p,
                                                 buf);
     }
@@ -194,7 +210,11 @@ __device__ __forceinline__ void v3_bwd_role_s(const AttnParams& p, const AttnBwd
   }
 }
 
-// Warpgroup 1: dP^T into shared memory; one step behind, dV and dQ.
+// Warpgroup 1: dP^T into shared memory; one step behind, dV and dQ. Step i issues dP^T of block i, then block
+// i - 1's dV and first dQ product (DQ_WIDE: all D columns in one product, where dP^T, dV and dQ fit its registers;
+// otherwise the first 64-column chunk) behind it, waits for dP^T only and hands it over -- so warpgroup 0 gets it
+// without waiting for block i - 1's products -- then stages and adds dQ chunk by chunk (the chunks past the first
+// product each one product, waited).
 template <class Cfg>
 __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf,
                                                const V3BwdWalk& walk, const V3BwdSmem<V3BwdLayout<Cfg>>& sm) {
@@ -202,64 +222,103 @@ __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBw
   using Tr = ac_type_traits<ac_elem_t>;
   constexpr int BM = L::BM, BN = L::BN, D = L::D, DV = L::DV, STAGES = L::STAGES, CH = L::DQ_CHUNK;
   constexpr int KQ = BM / 16;
+  constexpr int NQ = Cfg::DQ_WIDE ? D : CH;  // dQ columns of the product issued with dV
   const int tid = threadIdx.x & 127, warp_wg = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int key0 = walk.kv0 + 16 * warp_wg;
   float acc_dv[DV / 2];
 #pragma unroll
   for (int i = 0; i < DV / 2; ++i) acc_dv[i] = 0.f;
-  const unsigned int sDqStage = sm.base + L::kDqStageOffset + warp_wg * 16 * L::kDqRowFloats * 4;  // this warp's rows
+  float acc_q[NQ / 2];
+  int stage_slot = 0;  // this warp's next staging buffer (a ring of DQ_STAGES)
 
-  // dV and dQ of step j (its tiles j & 1, query block q0 of head h, stage sj)
-  auto behind = [&](int j, int h, int q0, int sj) {
+  // dV += (z P^T) dO of block j (A: its P^T tile, K-major; B: dO of stage sj, MN-major) and dQ = dS K over columns
+  // 0 .. NQ (A: its dS^T tile, MN-major; B: K, MN-major): one commit group
+  auto issue_behind = [&](int j, int sj) {
     named_bar_sync(kRoleBarPsFull + (j & 1), 256);
-    {
-      const unsigned long long pa = opaque_u64(wgmma_desc_sw128(sm.pt(j & 1), 16, 1024));
-      const unsigned long long ddo_t = opaque_u64(wgmma_desc_sw128(sm.dout(sj), BM * 128, 1024));
-      reg_fence(acc_dv);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dv(acc_dv, pa + ((kk * 32) >> 4), ddo_t + ((kk * 16 * 128) >> 4), 1);
-      wgmma_commit();
-    }
+    const unsigned long long pa = opaque_u64(wgmma_desc_sw128(sm.pt(j & 1), 16, 1024));
+    const unsigned long long ddo_t = opaque_u64(wgmma_desc_sw128(sm.dout(sj), BM * 128, 1024));
     const unsigned long long dds = opaque_u64(wgmma_desc_sw128(sm.ds(j & 1), BN * 128, 1024));
+    const unsigned long long dkt = opaque_u64(wgmma_desc_sw128(sm.k(), BN * 128, 1024));
+    reg_fence(acc_dv);
+    reg_fence(acc_q);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) wgmma_bwd_dv(acc_dv, pa + ((kk * 32) >> 4), ddo_t + ((kk * 16 * 128) >> 4), 1);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      wgmma_bwd_dq(acc_q, dds + ((kk * 16 * 128) >> 4), dkt + ((kk * 16 * 128) >> 4), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  // the rest of block j once its group has retired: dQ staged and added chunk by chunk
+  auto finish_behind = [&](int j, int h, int q0, int sj) {
+    reg_fence(acc_dv);
+    reg_fence(acc_q);
+    mbar_arrive(sm.empty(sj));  // the step's dO is no longer read
     const long long trow = (long long)walk.b * bp.Nq_pad + q0 + 16 * warp_wg;
+    const unsigned long long dds = opaque_u64(wgmma_desc_sw128(sm.ds(j & 1), BN * 128, 1024));
 #pragma unroll
     for (int c = 0; c < D / CH; ++c) {
-      float acc_dq[CH / 2];
-      v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, sm.k(), c * CH);  // (its wait retires the dV product too)
-      if (c == 0) {
-        reg_fence(acc_dv);
-        mbar_arrive(sm.empty(sj));  // the step's dO is no longer read
-      }
-      v3_bwd_dq_staged<L>(acc_dq, sDqStage, bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, c * CH),
-                          q0 + 16 * warp_wg, p.Nq);
+      constexpr int kIssued = NQ / CH;  // chunks of the product issued with dV
+      float acc_own[CH / 2];
+      float(&acc_dq)[CH / 2] =
+          c < kIssued ? reinterpret_cast<float(&)[CH / 2]>(acc_q[c < kIssued ? c * (CH / 2) : 0]) : acc_own;
+      if (c >= kIssued) v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, sm.k(), c * CH);
+#ifdef AC_ROLES_NO_DQ_RED  // (timing only: wrong results)
+      if (acc_dq[0] == 12345.f)
+#endif
+      v3_bwd_dq_staged<L, L::DQ_STAGES - 1>(acc_dq, sm.dq_stage(stage_slot, warp_wg),
+                                            bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, c * CH), q0 + 16 * warp_wg,
+                                            p.Nq);
+      stage_slot = stage_slot + 1 == L::DQ_STAGES ? 0 : stage_slot + 1;
     }
+  };
+  // dP^T of a step into dP buffer pb, for warpgroup 0 (thread tid's fragment, 16 bytes at a time)
+  auto hand_over = [&](const float(&dp_flat)[BM / 2], int pb) {
+    const unsigned int a = sm.dp() + tid * 16;
+#pragma unroll
+    for (int r = 0; r < BM / 8; ++r) {
+      st_shared_f32x4(a + r * 128 * 16, dp_flat[4 * r], dp_flat[4 * r + 1], dp_flat[4 * r + 2], dp_flat[4 * r + 3]);
+    }
+    named_bar_arrive(kRoleBarDpFull + pb, 256);
   };
 
   int i = 0, prev_h = 0, prev_q0 = 0, prev_s = 0;
-  for (int it = walk.next<true>(0, p, buf); it < walk.total; ++i) {
+  int it = walk.next<true>(0, p, buf);
+  // the first step has no block behind it (peeled: every path into the loop's wgmmas is the same)
+  if (it < walk.total) {
+    walk.coords(it, prev_h, prev_q0);
+    mbar_wait(sm.full(0), 0);
+    float dp_flat[BM / 2];
+    v3_bwd_roles_st<DV>(dp_flat, sm.v(), sm.dout(0));
+    hand_over(dp_flat, 0);
+    it = walk.next<true>(it + 1, p, buf);
+    i = 1;
+  }
+  for (; it < walk.total; ++i) {
     const int it_next = walk.next<true>(it + 1, p, buf);
     int h, q0;
     walk.coords(it, h, q0);
     const int s = i % STAGES;
     mbar_wait(sm.full(s), (i / STAGES) & 1);
     float dp_flat[BM / 2];
-    v3_bwd_roles_st<DV>(dp_flat, sm.v(), sm.dout(s));
-    {
-      const unsigned int a = sm.dp(i & 1) + tid * 16;
-#pragma unroll
-      for (int r = 0; r < BM / 8; ++r) {
-        st_shared_f32x4(a + r * 128 * 16, dp_flat[4 * r], dp_flat[4 * r + 1], dp_flat[4 * r + 2], dp_flat[4 * r + 3]);
-      }
-    }
-    named_bar_arrive(kRoleBarDpFull + (i & 1), 256);
-    if (i > 0) behind(i - 1, prev_h, prev_q0, prev_s);
+    v3_bwd_roles_st_issue<DV>(dp_flat, sm.v(), sm.dout(s));
+    issue_behind(i - 1, prev_s);
+    wgmma_wait<1>();  // dP^T (the older group)
+    reg_fence(dp_flat);
+    hand_over(dp_flat, i & 1);
+    wgmma_wait<0>();
+    finish_behind(i - 1, prev_h, prev_q0, prev_s);
     prev_h = h;
     prev_q0 = q0;
     prev_s = s;
     it = it_next;
   }
-  if (i > 0) behind(i - 1, prev_h, prev_q0, prev_s);
+  if (i > 0) {
+    issue_behind(i - 1, prev_s);
+    wgmma_wait<0>();
+    finish_behind(i - 1, prev_h, prev_q0, prev_s);
+  }
   if (lane == 0) bulk_wait_read_all();  // the last reduction reads shared memory: it must outlive it
 
 #pragma unroll
