@@ -62,6 +62,19 @@ struct V3BwdSmem {
 constexpr int kRoleBarDpFull = 1;  // + parity
 constexpr int kRoleBarPsFull = 3;  // + parity
 
+// Timing-only builds (wrong results; `v3_bwd_sweep.py ...:define=NAME`): AC_ROLES_NO_ELEM skips the elementwise step,
+// AC_ROLES_NO_DQ_RED dQ's staging and reductions (fifty-first session: what bounds the kernel, docs/perf-notes.md).
+#ifdef AC_ROLES_NO_ELEM
+constexpr bool kTimingNoElementwise = true;
+#else
+constexpr bool kTimingNoElementwise = false;
+#endif
+#ifdef AC_ROLES_NO_DQ_RED
+constexpr bool kTimingNoDqRed = true;
+#else
+constexpr bool kTimingNoDqRed = false;
+#endif
+
 // Whether step (h, q0) of the walk takes the masked elementwise code (a partial block, or a tile that is not FULL).
 template <int BM, int BN>
 __device__ __forceinline__ bool v3_bwd_step_masked(const V3BwdWalk& walk, int h, int q0, const AttnParams& p,
@@ -142,16 +155,9 @@ __device__ __forceinline__ void v3_bwd_role_s(const AttnParams& p, const AttnBwd
     }
     const float* s_lse2 = sm.lse2(s);
     const float* s_dsum = s_lse2 + BM;
-#ifdef AC_ROLES_NO_ELEM  // (timing only: wrong results)
-    if (false) {
-#else
-    if (masked) {
-#endif
+    if (!kTimingNoElementwise && masked) {
       bwd_tile_elementwise<1, NTQ, true, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, walk.b, h, scale_log2, p, buf);
-    } else {
-#ifdef AC_ROLES_NO_ELEM
-      if (false)
-#endif
+    } else if (!kTimingNoElementwise) {
       bwd_tile_elementwise<1, NTQ, false, true>(acc_s, acc_dp, s_lse2, s_dsum, key0, q0, walk.b, h, scale_log2, p,
                                                 buf);
     }
@@ -264,12 +270,11 @@ __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBw
       float(&acc_dq)[CH / 2] =
           c < kIssued ? reinterpret_cast<float(&)[CH / 2]>(acc_q[c < kIssued ? c * (CH / 2) : 0]) : acc_own;
       if (c >= kIssued) v3_bwd_dq_product<L::DQ_K, BN>(acc_dq, dds, sm.k(), c * CH);
-#ifdef AC_ROLES_NO_DQ_RED  // (timing only: wrong results)
-      if (acc_dq[0] == 12345.f)
-#endif
-      v3_bwd_dq_staged<L, L::DQ_STAGES - 1>(acc_dq, sm.dq_stage(stage_slot, warp_wg),
-                                            bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, c * CH), q0 + 16 * warp_wg,
-                                            p.Nq);
+      if (!kTimingNoDqRed || acc_dq[0] == 12345.f) {  // (the timing build keeps the products alive)
+        v3_bwd_dq_staged<L, L::DQ_STAGES - 1>(acc_dq, sm.dq_stage(stage_slot, warp_wg),
+                                              bp.dq_accum + L::dq_tiled_offset(trow, h, p.H, c * CH),
+                                              q0 + 16 * warp_wg, p.Nq);
+      }
       stage_slot = stage_slot + 1 == L::DQ_STAGES ? 0 : stage_slot + 1;
     }
   };
