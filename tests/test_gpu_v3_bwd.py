@@ -2,7 +2,8 @@
 
 On an H100 / H200 ``kern(q, k, v).backward(...)`` runs the v3 backward for head dims 48 to 128 (every
 preset and example of ``test_gpu_backward.py`` then goes through it); these tests add what only v3 has
-(its plan options, d = 192 and 256 with dK / dV split by columns over the warpgroups) and keep the v2 backward checked
+(its plan options, d = 192 and 256 with dK / dV split by columns over the warpgroups: forced where the roles kernel of
+``test_gpu_v3_bwd_roles.py`` is the default) and keep the v2 backward checked
 on Hopper, where the automatic choice no longer runs it.
 """
 from __future__ import annotations
@@ -101,10 +102,10 @@ def test_auto_backward_is_v3_on_hopper(head_dim):
     assert "schedule v3 backward" in det and "DETERMINISTIC = true" in det
     assert "schedule v2 backward" in ac.compile(presets.causal(160)).backward_source()
     # above 128 the consumers split by role (test_gpu_v3_bwd_roles.py), or by columns where that does not fit (256 x
-    # 256's shared memory) and for deterministic dQ
+    # 256's shared memory)
     assert "DKV_SPLIT = true" in ac.compile(presets.causal(256)).backward_source()
     assert "DKV_ROLES = true" in ac.compile(presets.causal(192)).backward_source()
-    assert "DKV_SPLIT = true" in ac.compile(presets.causal(192)).backward_source(deterministic=True)
+    assert "DKV_ROLES = true" in ac.compile(presets.causal(192)).backward_source(deterministic=True)
     assert "schedule v3 backward" in ac.compile(presets.causal(96)).backward_source()
 
 
@@ -188,7 +189,7 @@ def test_v3_d256_splits_dk_dv_by_columns(name):
 # (D, DV) of whole 64-column boxes above 128 that are not multiples of 128: with dK / dV split by columns the kernel
 # rounds them up to 256 (MLA's 192 x 128: warpgroup 1 owns dK / dQ columns 128..255, of which 192..255 are TMA's
 # zero fill, computed and never stored). By default these run the roles kernel (test_gpu_v3_bwd_roles.py); the column
-# split is forced here, as deterministic dQ takes it.
+# split is forced here.
 _PADDED_SPLIT_DIMS = ((192, 128), (192, 192), (128, 192))
 
 

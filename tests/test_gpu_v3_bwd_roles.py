@@ -62,6 +62,10 @@ def _precompile():
         for d, dv in ROLE_DIMS:
             ir = build_ir(_spec(name, d, dv))
             jobs.append((bwd_source(ir, tgt, options={"schedule": "v3", "dkv_roles": True}).source, tgt.nvrtc_arch))
+    for name in ("causal", "document", "dropout"):
+        ir = build_ir(_spec(name, 192, 128))
+        jobs.append((bwd_source(ir, tgt, deterministic=True, options={"schedule": "v3", "dkv_roles": True}).source,
+                     tgt.nvrtc_arch))
     precompile_to_disk(jobs, workers=min(16, os.cpu_count() or 1))
     yield
 
@@ -93,11 +97,11 @@ def test_roles_cross_lengths_gqa_layout_fp16():
 
 @needs_hopper
 def test_roles_default_and_options():
-    """schedule "auto" takes the roles kernel above 128 (the column split for deterministic dQ); its options run."""
+    """schedule "auto" takes the roles kernel above 128, deterministic dQ too; its options run."""
     mla = _spec("causal", 192, 128)
     auto = ac.compile(mla)
     assert "DKV_ROLES = true" in auto.backward_source() and "DQ_STAGES = 3" in auto.backward_source()
-    assert "DKV_SPLIT = true" in auto.backward_source(deterministic=True)
+    assert "DKV_ROLES = true" in auto.backward_source(deterministic=True)
     assert (r := check_kernel_grads(auto, 2, H, 300, 77)).ok, f"auto: {r}"
     for opts in ({"dq_wide": False}, {"dq_stages": 1}, {"dq_stages": 2, "dq_pad": 0}, {"stages": 3, "dq_stages": 1}):
         kern = _kernel(mla, **opts)
@@ -112,5 +116,33 @@ def test_roles_packed_sequences():
 
     for d, dv in ((192, 128), (256, 128)):
         kern = _kernel(_spec("causal", d, dv))
-        res = check_varlen_grads(kern, (0, 1, 113, 1023, 7, 256), (5, 0, 200, 1023, 64, 300), H=2)
-        assert res.ok, f"{d}x{dv}: {res}"
+        for det in (False, True):
+            res = check_varlen_grads(kern, (0, 1, 113, 1023, 7, 256), (5, 0, 200, 1023, 64, 300), H=2,
+                                     deterministic=det)
+            assert res.ok, f"{d}x{dv} deterministic={det}: {res}"
+
+
+def _grads(kern, q, k, v, dout, **kw):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    return torch.autograd.grad(kern(*leaves, **kw), leaves, dout)
+
+
+@needs_hopper
+@pytest.mark.parametrize("name", ["causal", "document", "dropout"])
+def test_roles_deterministic_is_bitwise_repeatable_and_correct(name):
+    """deterministic=True with the roles kernel: warpgroup 1, the only one adding dQ, takes each query block's turn
+    (key-block order) before its reductions and passes it on once they completed; dq is bitwise the same on every
+    run, and every gradient passes the error-ratio rule."""
+    from attncompiler.testing import random_qkv
+
+    kern = _kernel(_spec(name, 192, 128))
+    src = kern.backward_source(deterministic=True)
+    assert "DKV_ROLES = true" in src and "DETERMINISTIC = true" in src
+    for nq, nk, hkv in ((1023, 1023, None), (300, 77, None), (113, 700, 1)):
+        assert (r := check_kernel_grads(kern, 2, H, nq, nk, H_kv=hkv, deterministic=True)).ok, f"{nq}x{nk}: {r}"
+    q, k, v = random_qkv(2, H, 1023, 1023, 192, 128, torch.bfloat16)
+    dout = torch.randn(2, H, 1023, 128, device="cuda", dtype=torch.bfloat16)
+    runs = [_grads(kern, q, k, v, dout, seed=7, deterministic=True) for _ in range(3)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)

@@ -371,7 +371,7 @@ def test_nvcc_compiles_every_variant_without_spills(head_dim):
         # (these shapes take the roles kernel by default: test_nvcc_roles_kernels; the split stays for deterministic)
         mla = dataclasses.replace(presets.causal(192), head_dim_v=128)
         jobs["causal D=192 DV=128"] = _render(mla, dkv_split=True).source
-        jobs["causal D=192 DV=128 varlen det"] = _render(mla, varlen=True, deterministic=True).source
+        jobs["causal D=192 DV=128 varlen det"] = _render(mla, varlen=True, deterministic=True, dkv_split=True).source
         jobs["causal D=192 DV=128 dq_wide"] = _render(mla, dkv_split=True, dq_wide=True).source
         jobs["causal D=192 DV=192"] = _render(presets.causal(192), dkv_split=True).source
     else:
@@ -411,6 +411,9 @@ def test_nvcc_roles_kernels():
     for d, dv in ((192, 192), (256, 128), (128, 192)):
         jobs[f"causal {d}x{dv}"] = _render(dataclasses.replace(presets.causal(d), head_dim_v=dv)).source
     jobs["causal 64x64 dkv_roles"] = _render(presets.causal(64), dkv_roles=True).source
+    jobs["causal 192x128 deterministic"] = _render(mla["causal"], dkv_roles=True, deterministic=True).source
+    jobs["document 192x128 det varlen"] = _render(mla["document"], dkv_roles=True, deterministic=True,
+                                                  varlen=True).source
     for name, src in jobs.items():
         assert "DKV_ROLES = true" in src, name
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -425,8 +428,8 @@ def test_nvcc_roles_kernels():
 
 
 def test_plan_roles_default_above_128():
-    """Above 128 the consumers split by role by default: every product once, dP^T and P^T / dS^T through shared
-    memory; the column split where the roles kernel does not fit (256 x 256) and for deterministic dQ."""
+    """Above 128 the consumers split by role by default (deterministic dQ too): every product once, dP^T and P^T /
+    dS^T through shared memory; the column split where the roles kernel does not fit (256 x 256)."""
     mla = plan_v3_bwd(ProblemDims(192, 128), SM90)
     assert (mla.dkv_roles, mla.dkv_split, mla.block_n, mla.consumers, mla.dq_split_n, mla.dq_chunk) == (
         True, False, 64, 2, False, 64)
@@ -444,11 +447,12 @@ def test_plan_roles_default_above_128():
         p = plan_v3_bwd(ProblemDims(*dims), SM90)
         assert p.dkv_roles == roles and p.dkv_split == (not roles and max(dims) > 128), dims
     assert not plan_v3_bwd(ProblemDims(192, 192), SM90).dq_wide  # dV 96 + dQ 96 + dP^T 32 exceed 240
-    assert plan_v3_bwd(ProblemDims(192, 128), SM90, deterministic=True).dkv_split
+    assert plan_v3_bwd(ProblemDims(192, 128), SM90, deterministic=True).dkv_roles
+    assert plan_v3_bwd(ProblemDims(256), SM90, deterministic=True).dkv_split  # (256 x 256: the roles kernel does not fit)
     assert plan_v3_bwd(ProblemDims(192, 128), SM90, dq_chunk=32).dkv_split  # a forced split option keeps the split
     assert plan_v3_bwd(ProblemDims(64), SM90, dkv_roles=True).dkv_roles  # (forced: every multiple of 64)
-    with pytest.raises(PlanError, match="dkv_roles expected deterministic=False"):
-        plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, deterministic=True)
+    det = plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, deterministic=True)  # warpgroup 1 takes the turns
+    assert det.dkv_roles and det.deterministic and "warpgroup 1 takes and passes the turn" in det.describe()
     with pytest.raises(PlanError, match=r"dkv_roles expected dq_split_n=False, got True"):
         plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, dq_split_n=True)
     with pytest.raises(PlanError, match=r"expected dq_stages in \[1, 3\] .*got 4"):

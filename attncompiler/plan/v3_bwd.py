@@ -66,11 +66,11 @@ HEAD_DIM_STEP = 16     # wgmma k16 steps (S^T, dP^T) and n multiples (dV, dK, dQ
 AUTO_MIN_HEAD_DIM = 48  # schedule "auto" takes v3 from here (below, its n16 / n32 dQ chunks and tiny GEMMs lose)
 AUTO_MIN_HEAD_DIM_WHY = ("H200, 2026-11-27, N = 16k backward TFLOP/s v3 / v2: d16 156 / 191, d32 252 / 273, "
                          "d32 causal 188 / 232; d48 268 / 224, d80 289 / 231, d96 343 / 256, d112 307 / 231")
-AUTO_DKV_ROLES = True  # above D = 128 the consumers split by role by default (dkv_split where it does not fit, and
-                       # deterministic): every product once
+AUTO_DKV_ROLES = True  # above D = 128 the consumers split by role by default (dkv_split where it does not fit):
+                       # every product once
 AUTO_DKV_ROLES_WHY = ("H200, 2026-12-01, N = 16k backward TFLOP/s dkv_roles / dkv_split / cuDNN: 192 x 128 369.5 / "
                       "282.7 / 297.2, causal 360.4 / 266.2 / 464.1, 192 x 192 417.8 / 284.3 / 306.3, 256 x 128 359.5 / "
-                      "309.7")
+                      "309.7; deterministic 192 x 128 227.6 / 210.0, causal 174.8 / 144.1")
 AUTO_DKV_SPLIT = True  # schedule "auto" takes the dkv_split kernel above D = 128
 AUTO_DKV_SPLIT_WHY = ("H200, 2026-11-28, N = 16k backward TFLOP/s v3 (dkv_split) / v2 / cuDNN: d256 327.6 / 192.1 / "
                       "357.9, causal 280.8 / 178.9 / 375.3")
@@ -273,7 +273,7 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
     if stages is not None and stages not in STAGES:
         raise PlanError(f"v3 backward: expected stages in {STAGES}, got {stages!r}")
     needs_split = _needs_dkv_split(d, dv)
-    if dkv_roles or (dkv_roles is None and needs_split and AUTO_DKV_ROLES and not deterministic and not dkv_split):
+    if dkv_roles or (dkv_roles is None and needs_split and AUTO_DKV_ROLES and not dkv_split):
         from .v3_bwd_roles import plan_roles  # (that module imports this one)
 
         try:

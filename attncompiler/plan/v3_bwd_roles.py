@@ -39,9 +39,6 @@ def plan_roles(t: Target, dims: Any, *, stages: int | None, deterministic: bool,
     for name, (given, needed) in forced.items():
         if given is not None and given != needed:
             raise PlanError(f"v3 backward: dkv_roles expected {name}={needed!r}, got {given!r}")
-    if deterministic:
-        raise PlanError("v3 backward: dkv_roles expected deterministic=False (warpgroup 1 adds dQ without turns), "
-                        "got True")
     if any(x % SPLIT_HEAD_DIM_STEP or not SPLIT_HEAD_DIM_STEP <= x <= MAX_HEAD_DIM_SPLIT for x in (d, dv)):
         raise PlanError(f"v3 backward: dkv_roles expected D and DV multiples of {SPLIT_HEAD_DIM_STEP} in "
                         f"[{SPLIT_HEAD_DIM_STEP}, {MAX_HEAD_DIM_SPLIT}], got D={d}, DV={dv}")
@@ -82,6 +79,8 @@ def plan_roles(t: Target, dims: Any, *, stages: int | None, deterministic: bool,
             (" (rows swizzled, not padded)" if pad == 0 else "") + f" = {smem} B",
             ("dQ by warpgroup 1 in one product behind the next block's dP^T, added in chunks of 64 columns"
              if dq_wide else "dQ by warpgroup 1, chunks of 64 columns") + f"; {DQ_RED_WHY[2]}",
+            *(("deterministic: the CTAs adding into a query block take turns in key-block order (warpgroup 1 "
+               "takes and passes the turn; the walk descends the query blocks)",) if deterministic else ()),
             *(f"rejected {r}" for r in rejected),
         )
         return V3BwdPlan(
@@ -89,7 +88,7 @@ def plan_roles(t: Target, dims: Any, *, stages: int | None, deterministic: bool,
             block_n=64, num_warps=12, num_threads=384, smem_bytes=smem,
             est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=2, stages=st,
             producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[2], dq_split_n=False, dq_red=2,
-            dq_defer=False, deterministic=False, dkv_split=False, dq_chunk=64, dq_pad=pad, dq_wide=bool(dq_wide),
+            dq_defer=False, deterministic=deterministic, dkv_split=False, dq_chunk=64, dq_pad=pad, dq_wide=bool(dq_wide),
             dkv_roles=True, dq_stages=nstg,
         )
     raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}, dkv_roles): " + "; ".join(rejected))

@@ -104,8 +104,7 @@ struct V3BwdLayout {
   static_assert(!(kKvSplit && kRoles), "DKV_SPLIT or DKV_ROLES");
   static_assert(DQ_STAGES >= 1 && (kRoles || DQ_STAGES == 1) && DQ_STAGES <= D / Cfg::DQ_CHUNK,
                 "dQ staging buffers per warp: 1, or with DKV_ROLES up to one per chunk of a step");
-  static_assert(!kRoles || (!kSplitN && !Cfg::DQ_DEFER && DQ_RED == 2 && Cfg::DQ_CHUNK == 64 &&
-                            !Cfg::DETERMINISTIC && D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256),
+  static_assert(!kRoles || (!kSplitN && !Cfg::DQ_DEFER && DQ_RED == 2 && Cfg::DQ_CHUNK == 64 && D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256),
                 "DKV_ROLES: warpgroup 1 adds all D columns of dQ (64-column chunks, bulk reductions; DQ_WIDE: one "
                 "product) one step behind warpgroup 0; head dims of whole boxes, at most 256");
   static_assert(D % 16 == 0 && DV % 16 == 0 && (kKvSplit ? (D % 64 == 0 && DV % 64 == 0 && D >= 128 && DV >= 128 &&
@@ -117,7 +116,8 @@ struct V3BwdLayout {
   static_assert(!kKvSplit || (kSplitN && !Cfg::DQ_DEFER),
                 "DKV_SPLIT: dQ split by columns, each warpgroup from its own dS^T copy, in the step (registers)");
   static_assert(STAGES >= 2 && STAGES <= 4, "Q / dO stages");
-  static_assert(!Cfg::DETERMINISTIC || kSplitN || NC == 1, "deterministic dQ: the warpgroups add disjoint columns");
+  static_assert(!Cfg::DETERMINISTIC || kSplitN || NC == 1 || kRoles,
+                "deterministic dQ: the warpgroups add disjoint columns (DKV_ROLES: warpgroup 1 adds them all)");
   static constexpr bool kDeterministic = Cfg::DETERMINISTIC;
   static_assert(Cfg::DET_PASS >= 0 && Cfg::DET_PASS <= 2, "DET_PASS: 0 after the reds, 1 mid next step, 2 next dQ step");
   static_assert(D % DQ_CHUNK == 0 && (kDqTileFloats * 4) % 16 == 0, "DQ_RED 2: whole tiles, 16-byte bulk sizes");

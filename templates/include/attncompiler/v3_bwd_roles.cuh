@@ -61,6 +61,7 @@ struct V3BwdSmem {
 
 constexpr int kRoleBarDpFull = 1;  // + parity
 constexpr int kRoleBarPsFull = 3;  // + parity
+constexpr int kRoleBarTurn = 5;    // (deterministic dQ: warpgroup 1 alone, 128 threads)
 
 // Timing-only builds (wrong results; `v3_bwd_sweep.py ...:define=NAME`): AC_ROLES_NO_ELEM skips the elementwise step,
 // AC_ROLES_NO_DQ_RED dQ's staging and reductions (fifty-first session: what bounds the kernel, docs/perf-notes.md).
@@ -84,6 +85,26 @@ __device__ __forceinline__ bool v3_bwd_step_masked(const V3BwdWalk& walk, int h,
     m = m || Variant::tile_class(walk.b, h, q0, min(q0 + BM, p.Nq) - 1, walk.kv0, walk.kv_hi, p, buf) != AC_TILE_FULL;
   }
   return m;
+}
+
+// This warp's 16 key rows (key0 + g, + 8) of dK or dV (N columns, the wgmma C layout) into the element type at rows
+// (row stride sn) of one (batch, kv head); rows past nk are not written.
+template <int N>
+__device__ __forceinline__ void v3_bwd_store_keys(const float (&acc)[N / 2], ac_elem_t* rows, long long sn, int key0,
+                                                  int nk) {
+  using Tr = ac_type_traits<ac_elem_t>;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key0 + g + 8 * hf;
+    if (key < nk) {
+      ac_elem_t* row = rows + (long long)key * sn + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < N / 8; ++nt) {
+        *reinterpret_cast<unsigned int*>(row + nt * 8) = Tr::pack2(acc[4 * nt + 2 * hf], acc[4 * nt + 2 * hf + 1]);
+      }
+    }
+  }
 }
 
 // S^T (m64 n64 over the K dimension KD) of one step: A = the 64 rows at a_rows (boxes of 64 rows), B = the 64 rows
@@ -202,18 +223,8 @@ __device__ __forceinline__ void v3_bwd_role_s(const AttnParams& p, const AttnBwd
   }
 
   // dK rows of this warp (every row is written: zeros where no query saw the key)
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key0 + g + 8 * hf;
-    if (key < p.Nk) {
-      ac_elem_t* dk = reinterpret_cast<ac_elem_t*>(bp.dk) + walk.b * bp.dk_sb + walk.h_kv * bp.dk_sh +
-                      (long long)key * bp.dk_sn + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        *reinterpret_cast<unsigned int*>(dk + nt * 8) = Tr::pack2(acc_dk[4 * nt + 2 * hf], acc_dk[4 * nt + 2 * hf + 1]);
-      }
-    }
-  }
+  v3_bwd_store_keys<D>(acc_dk, reinterpret_cast<ac_elem_t*>(bp.dk) + walk.b * bp.dk_sb + walk.h_kv * bp.dk_sh,
+                       bp.dk_sn, key0, p.Nk);
 }
 
 // Warpgroup 1: dP^T into shared memory; one step behind, dV and dQ. Step i issues dP^T of block i, then block
@@ -225,11 +236,10 @@ template <class Cfg>
 __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBwdParams& bp, const AttnBuffers& buf,
                                                const V3BwdWalk& walk, const V3BwdSmem<V3BwdLayout<Cfg>>& sm) {
   using L = V3BwdLayout<Cfg>;
-  using Tr = ac_type_traits<ac_elem_t>;
   constexpr int BM = L::BM, BN = L::BN, D = L::D, DV = L::DV, STAGES = L::STAGES, CH = L::DQ_CHUNK;
   constexpr int KQ = BM / 16;
   constexpr int NQ = Cfg::DQ_WIDE ? D : CH;  // dQ columns of the product issued with dV
-  const int tid = threadIdx.x & 127, warp_wg = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x & 127, warp_wg = tid >> 5, lane = tid & 31;
   const int key0 = walk.kv0 + 16 * warp_wg;
   float acc_dv[DV / 2];
 #pragma unroll
@@ -256,11 +266,43 @@ __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBw
     }
     wgmma_commit();
   };
+  // Deterministic dQ (Cfg::DETERMINISTIC): warpgroup 1 alone adds dQ, so a block's turn (v3_bwd_dq.cuh
+  // v3_bwd_turn: the CTAs adding into one query block go in key-block order) is taken before its first reduction and
+  // passed on once its reductions have completed (each warp waits for and fences its own, then one thread releases).
+  bool turn_last = false;
+  auto wait_turn = [&](unsigned int* sem, int h, int q0) {
+    if (warp_wg == 0) {
+      const V3BwdTurn tn = v3_bwd_turn<BN>(sem, walk.b, h, q0, blockIdx.x, p, buf);
+      turn_last = tn.place == tn.total - 1;
+    }
+    named_bar_sync(kRoleBarTurn, 128);  // the warpgroup's reductions wait for warp 0's acquire
+  };
+  auto pass_turn = [&](unsigned int* sem) {
+    if (lane == 0) {
+      bulk_wait_all();  // the reductions have completed, ordered before the release (async proxy -> generic proxy)
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    }
+    __threadfence();
+    named_bar_sync(kRoleBarTurn, 128);
+    if (tid == 0) {
+      if (turn_last) {
+        *reinterpret_cast<volatile unsigned int*>(sem) = 0u;
+      } else {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
+      }
+    }
+  };
+
   // the rest of block j once its group has retired: dQ staged and added chunk by chunk
   auto finish_behind = [&](int j, int h, int q0, int sj) {
     reg_fence(acc_dv);
     reg_fence(acc_q);
     mbar_arrive(sm.empty(sj));  // the step's dO is no longer read
+    unsigned int* sem = nullptr;
+    if constexpr (Cfg::DETERMINISTIC) {
+      sem = reinterpret_cast<unsigned int*>(bp.dq_sem) + (long long)(walk.b * p.H + h) * (bp.Nq_pad / 64) + q0 / 64;
+      wait_turn(sem, h, q0);
+    }
     const long long trow = (long long)walk.b * bp.Nq_pad + q0 + 16 * warp_wg;
     const unsigned long long dds = opaque_u64(wgmma_desc_sw128(sm.ds(j & 1), BN * 128, 1024));
 #pragma unroll
@@ -277,6 +319,7 @@ __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBw
       }
       stage_slot = stage_slot + 1 == L::DQ_STAGES ? 0 : stage_slot + 1;
     }
+    if constexpr (Cfg::DETERMINISTIC) pass_turn(sem);
   };
   // dP^T of a step into dP buffer pb, for warpgroup 0 (thread tid's fragment, 16 bytes at a time)
   auto hand_over = [&](const float(&dp_flat)[BM / 2], int pb) {
@@ -325,19 +368,8 @@ __device__ __forceinline__ void v3_bwd_role_dp(const AttnParams& p, const AttnBw
     finish_behind(i - 1, prev_h, prev_q0, prev_s);
   }
   if (lane == 0) bulk_wait_read_all();  // the last reduction reads shared memory: it must outlive it
-
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key0 + g + 8 * hf;
-    if (key < p.Nk) {
-      ac_elem_t* dv = reinterpret_cast<ac_elem_t*>(bp.dv) + walk.b * bp.dv_sb + walk.h_kv * bp.dv_sh +
-                      (long long)key * bp.dv_sn + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < DV / 8; ++nt) {
-        *reinterpret_cast<unsigned int*>(dv + nt * 8) = Tr::pack2(acc_dv[4 * nt + 2 * hf], acc_dv[4 * nt + 2 * hf + 1]);
-      }
-    }
-  }
+  v3_bwd_store_keys<DV>(acc_dv, reinterpret_cast<ac_elem_t*>(bp.dv) + walk.b * bp.dv_sb + walk.h_kv * bp.dv_sh,
+                        bp.dv_sn, key0, p.Nk);
 }
 
 }  // namespace ac
