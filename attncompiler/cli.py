@@ -1,7 +1,7 @@
 """The ``attncompiler`` command: show generated CUDA, explain plans, run a variant on the GPU.
 
     attncompiler show SPEC [--schedule auto|v1|v2|v3|decode] [--arch sm_90] [--backward [--deterministic]]
-                           (--backward: the v3 backward on sm_90 at d = 64 / 128, else v2; --option schedule=v2)
+                           (--backward: the v3 backward on sm_90 at d = 48-128, 192, 256, else v2; --option schedule=v2)
                                                                 print the generated CUDA
     attncompiler plan SPEC [--schedule ...] [--arch ...] [--all] [--sram-budget BYTES] [--shape B,H,N]
                            [--backward [--deterministic]]  (the backward's plan and why v3 is not used)
@@ -342,9 +342,11 @@ def _parser() -> argparse.ArgumentParser:
     options(p)
     p.add_argument("--backward", action="store_true",
                    help="print the backward kernels .backward() runs, whatever --schedule says: v3 on sm_90 "
-                        "for head dims 64 / 128, else v2 (--option schedule=v2|v3 and the backward's plan options)")
+                        "for head dims 48-128, 192 and 256, else v2 (--option schedule=v2|v3 and the backward's plan "
+                        "options)")
     p.add_argument("--deterministic", action="store_true",
-                   help="with --backward: the deterministic variant (separate dQ pass, no atomics)")
+                   help="with --backward: the deterministic variant (dQ added in a fixed order: v3's CTAs take "
+                        "turns per query block, v2 runs a separate dQ pass)")
     p.set_defaults(fn=_cmd_show)
     p = sub.add_parser("plan", help="print the IR, the plan and why, and the IO report")
     common(p)
@@ -353,8 +355,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sram-budget", type=int, default=None, help="v1: FA1's M in bytes (selects v1 under auto)")
     p.add_argument("--shape", default=None, help="B,H,N for the IO report (default B=16384/N, --heads, --seqlen)")
     p.add_argument("--backward", action="store_true",
-                   help="the backward's plan instead (v3 on sm_90 for head dims 64 / 128, else v2; --option "
-                        "schedule=v2|v3 and the backward's plan options), and why v3 is not used where it is not")
+                   help="the backward's plan instead (v3 on sm_90 for head dims 48-128, 192 and 256, else v2; "
+                        "--option schedule=v2|v3 and the backward's plan options), and why v3 is not used where it "
+                        "is not")
     p.add_argument("--deterministic", action="store_true", help="with --backward: the deterministic backward")
     p.add_argument("--ptxas", action="store_true",
                    help="also compile the forward kernel with NVRTC and print ptxas's registers and spills (no GPU)")
