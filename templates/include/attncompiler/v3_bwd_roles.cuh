@@ -6,10 +6,12 @@
 //   warpgroup 0 (v3_bwd_role_s):  S^T = K Q^T; waits for dP^T; the elementwise step (bwd_tile_elementwise, as in
 //                                 v3_bwd.cuh); P^T and dS^T into tiles; dK += dS^T Q (A: registers, all D columns)
 //   warpgroup 1 (v3_bwd_role_dp): dP^T = V dO^T into shared memory (fp32, fragment order: thread t of either
-//                                 warpgroup holds the same elements); then, one step behind, dV += (z P^T) dO (A: the
-//                                 P^T tile) and dQ = dS K over all D columns in 64-column chunks, each staged per warp
-//                                 and added by one bulk reduction into the tiled accumulator (v3_bwd_dq.cuh)
+//                                 warpgroup holds the same elements); one step behind, dV += (z P^T) dO (A: the P^T
+//                                 tile) and dQ = dS K over all D columns, issued behind the next block's dP^T; dQ
+//                                 staged per warp and added chunk by chunk (64 columns), each chunk by one bulk
+//                                 reduction into the tiled accumulator (v3_bwd_dq.cuh)
 // So warpgroup 0's elementwise step of block i runs under warpgroup 1's dV / dQ products of block i - 1.
+// Deterministic dQ (Cfg::DETERMINISTIC): warpgroup 1 alone adds dQ, so it alone takes each block's turn.
 //
 // Two named barriers per parity (256 threads: one warpgroup arrives, the other syncs), step i using parity i & 1:
 //   dp_full(pb): warpgroup 1 has stored dP^T of step i in the dP buffer;
@@ -21,12 +23,12 @@
 // dQ's staging: each warp of warpgroup 1 stages its chunks in a ring of DQ_STAGES buffers, and waits before staging
 // only for the reduction that used the buffer last (DQ_STAGES - 1 others may still be reading theirs).
 // Stage release: each thread of both warpgroups arrives once per step on empty[s] (count 256): warpgroup 0 when the
-// next step's S^T wait has retired its dK product (Q read), warpgroup 1 when its dQ product's first wait has retired
-// the dV product (dO read).
+// next step's S^T wait has retired its dK product (Q read), warpgroup 1 when the wait that retires its dV / dQ group
+// has passed (dO read).
 //
 // Requires: v3_bwd_dq.cuh (and what it requires), v2_bwd.cuh's bwd_tile_elementwise, the wgmma wrappers of
 // v3_bwd.cu.j2 with DKV_ROLES: ac::wgmma_bwd_s, ac::wgmma_bwd_dk (A registers, N = D), ac::wgmma_bwd_dv (A and B in
-// shared memory, A K-major, B MN-major, N = DV), ac::wgmma_bwd_dq (N = 64).
+// shared memory, A K-major, B MN-major, N = DV), ac::wgmma_bwd_dq (N = 64, and with DQ_WIDE N = D).
 #pragma once
 
 #include "attncompiler/v3_bwd_dq.cuh"
@@ -107,8 +109,9 @@ __device__ __forceinline__ void v3_bwd_store_keys(const float (&acc)[N / 2], ac_
   }
 }
 
-// S^T (m64 n64 over the K dimension KD) of one step: A = the 64 rows at a_rows (boxes of 64 rows), B = the 64 rows
-// at b_rows (boxes of 64 rows), both K-major; committed and waited (with every older wgmma of the warpgroup).
+// S^T or dP^T (m64 n64 over the K dimension KD) of one step: A = the 64 rows at a_rows, B = the 64 rows at b_rows
+// (both boxes of 64 rows x 128 bytes, K-major), issued as one commit group; v3_bwd_roles_st also waits for it (and
+// for every older group of the warpgroup).
 template <int KD>
 __device__ __forceinline__ void v3_bwd_roles_st_issue(float (&acc)[32], unsigned int a_rows, unsigned int b_rows) {
   const unsigned long long da = opaque_u64(wgmma_desc_sw128(a_rows, 16, 1024));
