@@ -6,9 +6,10 @@ Facts of the kernel as module constants:
   (wgmma's M), so BLOCK_N = 64 * consumers keys per CTA; every step takes BLOCK_M = 64 query rows (the
   N of S^T / dP^T, the K of dV / dK, the M of dQ, one 128-byte row of the dS^T tile).
 * Head dims are multiples of 16 (wgmma's k16 steps and n) and at most 128: each consumer thread keeps D/2 +
-  DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 64 up to 256),
-  ``dkv_split``: both consumers own the CTA's same 64 keys and split dK / dV by columns (D/4 + DV/4 fp32 each;
-  D and DV rounded up to multiples of 128 so that each half is whole boxes: MLA's D = 192 runs as 256, whose
+  DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 64 up to 256) both consumers
+  own the CTA's same 64 keys: by default split by role (``dkv_roles``, ``plan/v3_bwd_roles.py``: every product once),
+  else -- where that kernel does not fit (256 x 256), or when forced -- ``dkv_split``: split dK / dV by columns
+  (D/4 + DV/4 fp32 each; D and DV rounded up to multiples of 128 so that each half is whole boxes: MLA's D = 192 runs as 256, whose
   last box TMA fills with zeros and whose columns past D are computed and never stored);
   each computes S^T, dP^T and dS^T whole (7 GEMM units a step where 5 are needed) into its own dS^T tile, and
   takes its half of dQ's columns from it, so the warpgroups never wait for each other.  A row of Q, K, V or dO is
@@ -249,13 +250,16 @@ def plan_v3_bwd(ir_or_dims: Any, target: Target | str | None, *, consumers: int 
                 dq_stages: int | None = None) -> V3BwdPlan:
     """The v3 backward plan (forced values override the search); PlanError with every rejection's reason.
     ``dq_red`` defaults to 2 (bulk reductions into a tiled accumulator, which attn_bwd_dq_out converts into dQ).
-    ``dkv_split`` defaults to whether D or DV exceeds 128 (it may be forced at smaller multiples of 128 too);
+    ``dkv_split`` defaults to whether D or DV exceeds 128 and the roles kernel does not take the problem (it may be
+    forced at smaller multiples of 128 too);
     ``dq_chunk`` / ``dq_pad`` to the widest chunk, then the padded rows, then the most stages that fit.
     ``dq_wide``: the warpgroup's dQ columns in one wgmma, then added chunk by chunk (default: where they span
     several chunks, without dropout; H200, 2026-11-28, backward TFLOP/s wide / chunk by chunk: d256 334.9 / 324.1,
     causal 283.3 / 283.1, d96 388.4 / 363.3).
     ``dkv_roles``: the consumers own the CTA's 64 keys by role (warpgroup 0 S^T, the elementwise step and dK;
-    warpgroup 1 dP^T, dV and dQ), every product once (:func:`_plan_roles`).
+    warpgroup 1 dP^T, dV and dQ), every product once (``plan/v3_bwd_roles.py`` :func:`plan_roles`); by default
+    wherever D or DV exceeds 128 and that plan exists (:data:`AUTO_DKV_ROLES`).  ``dq_stages``: its dQ staging
+    buffers per warp.
     ``varlen`` (packed sequences) is taken for the callers' symmetry: every option, and the same defaults, run
     there."""
     t = resolve_target(target)
