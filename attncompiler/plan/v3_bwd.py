@@ -9,8 +9,8 @@ Facts of the kernel as module constants:
   DV/2 fp32 of dK and dV in registers for the whole walk.  Above 128 (multiples of 64 up to 256) both consumers
   own the CTA's same 64 keys: by default split by role (``dkv_roles``, ``plan/v3_bwd_roles.py``: every product once),
   else -- where that kernel does not fit (256 x 256), or when forced -- ``dkv_split``: split dK / dV by columns
-  (D/4 + DV/4 fp32 each; D and DV rounded up to multiples of 128 so that each half is whole boxes: MLA's D = 192 runs as 256, whose
-  last box TMA fills with zeros and whose columns past D are computed and never stored);
+  (D/4 + DV/4 fp32 each; D and DV rounded up to multiples of 128 so that each half is whole boxes: MLA's D = 192
+  runs as 256, whose last box TMA fills with zeros and whose columns past D are computed and never stored);
   each computes S^T, dP^T and dS^T whole (7 GEMM units a step where 5 are needed) into its own dS^T tile, and
   takes its half of dQ's columns from it, so the warpgroups never wait for each other.  A row of Q, K, V or dO is
   ceil(d/64) 64-column TMA boxes (128 bytes, the 128-byte swizzle's row), zero-filled past d (d = 96 takes
