@@ -448,7 +448,7 @@ def test_plan_roles_default_above_128():
         assert p.dkv_roles == roles and p.dkv_split == (not roles and max(dims) > 128), dims
     assert not plan_v3_bwd(ProblemDims(192, 192), SM90).dq_wide  # dV 96 + dQ 96 + dP^T 32 exceed 240
     assert plan_v3_bwd(ProblemDims(192, 128), SM90, deterministic=True).dkv_roles
-    assert plan_v3_bwd(ProblemDims(256), SM90, deterministic=True).dkv_split  # (256 x 256: the roles kernel does not fit)
+    assert plan_v3_bwd(ProblemDims(256), SM90, deterministic=True).dkv_split  # (256 x 256: roles does not fit)
     assert plan_v3_bwd(ProblemDims(192, 128), SM90, dq_chunk=32).dkv_split  # a forced split option keeps the split
     assert plan_v3_bwd(ProblemDims(64), SM90, dkv_roles=True).dkv_roles  # (forced: every multiple of 64)
     det = plan_v3_bwd(ProblemDims(192, 128), SM90, dkv_roles=True, deterministic=True)  # warpgroup 1 takes the turns

@@ -1,4 +1,5 @@
-"""The v3 backward with its consumers split by role (``dkv_roles``, ``templates/include/attncompiler/v3_bwd_roles.cuh``).
+"""The v3 backward with its consumers split by role (``dkv_roles``; the kernel:
+``templates/include/attncompiler/v3_bwd_roles.cuh``).
 
 Both consumer warpgroups own the CTA's 64 keys: warpgroup 0 computes S^T, the elementwise step and dK (all D columns),
 warpgroup 1 dP^T, dV (all DV columns) and, one step behind, dQ; dP^T (fp32) and P^T / dS^T (tiles) go through shared
@@ -88,7 +89,8 @@ def plan_roles(t: Target, dims: Any, *, stages: int | None, deterministic: bool,
             block_n=64, num_warps=12, num_threads=384, smem_bytes=smem,
             est_registers_per_thread=regs["total"], ctas_per_sm=1, reasons=reasons, consumers=2, stages=st,
             producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[2], dq_split_n=False, dq_red=2,
-            dq_defer=False, deterministic=deterministic, dkv_split=False, dq_chunk=64, dq_pad=pad, dq_wide=bool(dq_wide),
+            dq_defer=False, deterministic=deterministic, dkv_split=False, dq_chunk=64, dq_pad=pad,
+            dq_wide=bool(dq_wide),
             dkv_roles=True, dq_stages=nstg,
         )
     raise PlanError(f"no feasible v3 backward plan on {t.name} (D={d}, DV={dv}, dkv_roles): " + "; ".join(rejected))
