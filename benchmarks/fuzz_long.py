@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/fuzz_long.py N [--start S] [--v1-every K] [--bwd-every K]
                                                    [--v3-every K] [--decode-every K] [--chunk C]
-                                                   [--workers W]
+                                                   [--workers W] [--head-dims DxDV,...]
 
 Seed s runs ``attncompiler.fuzz.random_spec(s)`` on ``random_shape(s)`` through v2 (every seed),
 v1 (every K-th seed), the backward (every K-th seed) and, on sm_90, v3 with the seed's plan options
@@ -12,7 +12,9 @@ decode schedule (every K-th seed: ``fuzz.random_decode_spec`` on ``random_decode
 (``attncompiler.fuzz.run_case``), on seeds that test file does not use (default start 100000).
 Kernels are compiled by NVRTC in parallel C seeds at a time before they run.  Prints one line per
 failure with the case's description, writes every result as JSON lines to $OUT/fuzz_long.jsonl
-(or /tmp), and exits 1 if any case failed (2 for a crash of the harness).
+(or /tmp), and exits 1 if any case failed (2 for a crash of the harness).  ``--head-dims 192x128,192x192``
+draws the specs' (D, DV) from those pairs instead of ``fuzz.GPU_HEAD_DIMS`` (e.g. the backward above 128, whose
+consumers split by role).
 """
 from __future__ import annotations
 
@@ -40,9 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-every", type=int, default=2, help="also run a decode case on every K-th seed (0: never)")
     ap.add_argument("--chunk", type=int, default=64, help="seeds compiled in parallel before running")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="NVRTC processes")
+    ap.add_argument("--head-dims", default=None,
+                    help="(D, DV) pairs to draw from, e.g. 192x128,192x192 (default: fuzz.GPU_HEAD_DIMS)")
     args = ap.parse_args(argv)
     if args.n < 1 or args.start < 0 or args.chunk < 1:
         ap.error(f"expected n >= 1, --start >= 0, --chunk >= 1, got {args.n}, {args.start}, {args.chunk}")
+    head_dims = fuzz.GPU_HEAD_DIMS
+    if args.head_dims:
+        try:
+            head_dims = tuple((int(d), int(dv)) for d, dv in (p.split("x") for p in args.head_dims.split(",")))
+        except ValueError:
+            ap.error(f"expected --head-dims like 192x128,192x192, got {args.head_dims!r}")
     if not torch.cuda.is_available():
         print("fuzz_long: expected a CUDA GPU, got none", file=sys.stderr)
         return 2
@@ -56,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(out_path, "a") as fout:
         for c0 in range(args.start, args.start + args.n, args.chunk):
             seeds = range(c0, min(c0 + args.chunk, args.start + args.n))
-            specs = {s: fuzz.random_spec(s) for s in seeds}
+            specs = {s: fuzz.random_spec(s, head_dims=head_dims) for s in seeds}
             v1 = [s for s in seeds if args.v1_every and s % args.v1_every == 0]
             bwd = [s for s in seeds if args.bwd_every and s % args.bwd_every == 0]
             jobs = fuzz.compile_jobs([specs[s].spec for s in seeds], tgt)
